@@ -1,0 +1,195 @@
+"""Timing and reporting shared by every benchmark family.
+
+Times are medians of CUDA-event-timed runs, each after overwriting a 256 MB buffer so the 60 MB
+L2 holds none of the operands. Effective bandwidth = bytes the op must move / time; every figure
+is also given as a fraction of the device-to-device copy bandwidth measured in the same run.
+"""
+import csv
+import math
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+_L2_FLUSH_BYTES = 256 * 2**20
+_flush_buffer = None
+
+
+def _flush_l2():
+    global _flush_buffer
+    if _flush_buffer is None:
+        _flush_buffer = torch.empty(_L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    _flush_buffer.zero_()
+
+
+def bench_ms(fn, warmup_ms=25.0, rep_ms=100.0, min_reps=5, max_reps=200):
+    """Median milliseconds of fn() with a cold L2."""
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(3):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    estimate = max(start.elapsed_time(end) / 3, 1e-3)
+    for _ in range(int(warmup_ms / estimate)):
+        fn()
+    reps = max(min_reps, min(max_reps, int(rep_ms / estimate)))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for s, e in zip(starts, ends):
+        _flush_l2()
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def copy_bandwidth_gbs(n_bytes=2**30):
+    """Device-to-device copy bandwidth (bytes read + written) in GB/s: the ceiling of this run."""
+    src = torch.empty(n_bytes, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    ms = bench_ms(lambda: dst.copy_(src))
+    return 2 * n_bytes / ms / 1e6
+
+
+def gbs(n_bytes, ms):
+    return n_bytes / ms / 1e6 if ms and ms > 0 else float("nan")
+
+
+def try_compile(fn):
+    """torch.compile(fn), or None where inductor cannot run here."""
+    try:
+        return torch.compile(fn, fullgraph=True, dynamic=False)
+    except Exception:  # noqa: BLE001 - a peer that cannot be built is reported as missing
+        return None
+
+
+def liger():
+    """The liger_kernel.ops module family, or None when Liger is not installed."""
+    try:
+        import liger_kernel.ops as liger_ops  # noqa: F401
+
+        return liger_ops
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def progress(items, desc):
+    """A one-line text progress bar on stderr."""
+    items = list(items)
+    total, started = len(items), time.time()
+    for i, item in enumerate(items):
+        filled = int(30 * i / max(total, 1))
+        sys.stderr.write(f"\r{desc:<28} [{'#' * filled}{'.' * (30 - filled)}] {i}/{total} {time.time() - started:5.0f}s")
+        sys.stderr.flush()
+        yield item
+    sys.stderr.write(f"\r{desc:<28} [{'#' * 30}] {total}/{total} {time.time() - started:5.0f}s\n")
+
+
+class Report:
+    """Rows of one benchmark run: (table, case, implementation) -> time and rate."""
+
+    def __init__(self, copy_gbs):
+        self.copy_gbs = copy_gbs
+        self.rows = []
+
+    def add(self, table, case, impl, ms, n_bytes=None, flops=None):
+        row = {"table": table, "case": case, "impl": impl, "ms": ms}
+        if n_bytes is not None:
+            row["GB/s"] = gbs(n_bytes, ms)
+            row["% copy"] = 100 * row["GB/s"] / self.copy_gbs
+        if flops is not None:
+            row["TFLOP/s"] = flops / ms / 1e9 if ms else float("nan")
+        self.rows.append(row)
+
+    def measure(self, table, case, impls, n_bytes=None, flops=None):
+        """Times each available implementation (name -> callable or None) and adds its row."""
+        for name, fn in impls.items():
+            if fn is None:
+                continue
+            try:
+                ms = bench_ms(fn)
+            except Exception as error:  # noqa: BLE001 - a failing peer is reported, not fatal
+                print(f"\n{table} {case} {name}: failed ({type(error).__name__}: {str(error)[:120]})", file=sys.stderr)
+                ms = float("nan")
+            self.add(table, case, name, ms, n_bytes, flops)
+
+    def tables(self):
+        order = []
+        for row in self.rows:
+            if row["table"] not in order:
+                order.append(row["table"])
+        return order
+
+    def markdown(self):
+        lines = [f"Copy bandwidth measured in this run: **{self.copy_gbs:.0f} GB/s** (read + write).", ""]
+        for table in self.tables():
+            rows = [r for r in self.rows if r["table"] == table]
+            impls = list(dict.fromkeys(r["impl"] for r in rows))
+            cases = list(dict.fromkeys(r["case"] for r in rows))
+            metric = "TFLOP/s" if "TFLOP/s" in rows[0] else "GB/s"
+            lines += [f"### {table}", "", f"{metric} (and % of copy bandwidth); time in ms", ""]
+            lines.append("| case | " + " | ".join(impls) + " |")
+            lines.append("|---|" + "---|" * len(impls))
+            for case in cases:
+                cells = []
+                for impl in impls:
+                    row = next((r for r in rows if r["case"] == case and r["impl"] == impl), None)
+                    if row is None or math.isnan(row["ms"]):
+                        cells.append("—")
+                    elif metric == "GB/s" and "% copy" in row:
+                        cells.append(f"{row['GB/s']:.0f} ({row['% copy']:.0f}%) · {row['ms']:.3f}")
+                    else:
+                        cells.append(f"{row[metric]:.0f} · {row['ms']:.3f}")
+                lines.append(f"| {case} | " + " | ".join(cells) + " |")
+            lines.append("")
+        return "\n".join(lines)
+
+    def write(self, stem):
+        """Writes <stem>.md, <stem>.csv and one <stem>_<table>.png per table under bench/results/."""
+        os.makedirs(RESULTS, exist_ok=True)
+        md_path = os.path.join(RESULTS, stem + ".md")
+        with open(md_path, "w") as f:
+            f.write(f"# fusedops benchmark — {torch.cuda.get_device_name()}, torch {torch.__version__}\n\n")
+            f.write(self.markdown())
+        keys = ["table", "case", "impl", "ms", "GB/s", "% copy", "TFLOP/s"]
+        with open(os.path.join(RESULTS, stem + ".csv"), "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=keys)
+            writer.writeheader()
+            writer.writerows(self.rows)
+        self._plot(stem)
+        return md_path
+
+    def _plot(self, stem):
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            return
+        for table in self.tables():
+            rows = [r for r in self.rows if r["table"] == table]
+            metric = "TFLOP/s" if "TFLOP/s" in rows[0] else "GB/s"
+            cases = list(dict.fromkeys(r["case"] for r in rows))
+            fig, ax = plt.subplots(figsize=(max(6, len(cases) * 0.9), 4))
+            for impl in dict.fromkeys(r["impl"] for r in rows):
+                values = [next((r[metric] for r in rows if r["case"] == c and r["impl"] == impl), float("nan")) for c in cases]
+                ax.plot(range(len(cases)), values, marker="o", label=impl)
+            if metric == "GB/s":
+                ax.axhline(self.copy_gbs, color="gray", linestyle="--", label="copy")
+            ax.set_xticks(range(len(cases)))
+            ax.set_xticklabels(cases, rotation=45, ha="right", fontsize=7)
+            ax.set_ylabel(metric)
+            ax.set_title(table, fontsize=9)
+            ax.legend(fontsize=7)
+            fig.tight_layout()
+            safe = "".join(ch if ch.isalnum() else "_" for ch in table).strip("_")
+            fig.savefig(os.path.join(RESULTS, f"{stem}_{safe}.png"), dpi=110)
+            plt.close(fig)

@@ -1,0 +1,58 @@
+// Counter-based Philox4x32-10 (Salmon et al., SC'11). Element i of a dropout call uses word i % 4
+// of the block generated for counter (i / 4, offset) under key seed, so any thread can draw any
+// element's number and the CPU reference (fusedops/reference.py) reproduces the same mask bit
+// for bit.
+#pragma once
+#include <cstdint>
+
+#include "philox.h"
+
+namespace fusedops {
+
+struct PhiloxKey {
+  uint64_t seed;
+  uint64_t offset;
+};
+
+__device__ __forceinline__ PhiloxKey unpack_philox(const PhiloxArgs& a) {
+  if (a.captured) {
+    return {static_cast<uint64_t>(*a.seed_ptr), static_cast<uint64_t>(*a.offset_ptr) + a.offset_intragraph};
+  }
+  return {a.seed, a.offset};
+}
+
+__device__ __forceinline__ uint4 philox4x32_10(uint64_t group, PhiloxKey key) {
+  constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;
+  constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
+  uint32_t c0 = static_cast<uint32_t>(group), c1 = static_cast<uint32_t>(group >> 32);
+  uint32_t c2 = static_cast<uint32_t>(key.offset), c3 = static_cast<uint32_t>(key.offset >> 32);
+  uint32_t k0 = static_cast<uint32_t>(key.seed), k1 = static_cast<uint32_t>(key.seed >> 32);
+#pragma unroll
+  for (int round = 0; round < 10; ++round) {
+    const uint32_t hi0 = __umulhi(kMul0, c0), lo0 = kMul0 * c0;
+    const uint32_t hi1 = __umulhi(kMul1, c2), lo1 = kMul1 * c2;
+    c0 = hi1 ^ c1 ^ k0;
+    c1 = lo1;
+    c2 = hi0 ^ c3 ^ k1;
+    c3 = lo0;
+    k0 += kWeyl0;
+    k1 += kWeyl1;
+  }
+  return make_uint4(c0, c1, c2, c3);
+}
+
+__device__ __forceinline__ uint32_t uint4_word(const uint4& r, int64_t index) {
+  switch (index & 3) {
+    case 0: return r.x;
+    case 1: return r.y;
+    case 2: return r.z;
+    default: return r.w;
+  }
+}
+
+// An element survives dropout with probability 1 - p when its word is >= keep_threshold(p).
+inline uint32_t dropout_threshold(double p) {
+  return static_cast<uint32_t>(p * 4294967296.0);
+}
+
+}  // namespace fusedops

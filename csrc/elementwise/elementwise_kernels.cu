@@ -1,0 +1,331 @@
+// Fused elementwise kernels. One generic grid-stride kernel moves the bytes (16-byte vectors,
+// kUnroll independent loads in flight per thread, a scalar tail); each op is a small functor
+// that maps loaded values to results in the accumulation type.
+#include <algorithm>
+
+#include "../common/dispatch.cuh"
+#include "../common/philox.cuh"
+#include "../common/vec.cuh"
+#include "elementwise.h"
+
+namespace fusedops {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kUnroll = 4;
+
+// NIN full-size inputs, NOUT outputs, NCOL column vectors broadcast along the last dim.
+template <typename T, int NIN, int NOUT, int NCOL>
+struct Operands {
+  const T* in[NIN];
+  T* out[NOUT];
+  const T* col[NCOL > 0 ? NCOL : 1];
+  int64_t numel;
+  int64_t cols;
+};
+
+// Loads, computes and stores the VEC elements starting at elem0 (elem0 % VEC == 0 when VEC > 1).
+template <typename T, int VEC, typename Idx, int NIN, int NOUT, int NCOL, class Op>
+__device__ __forceinline__ void apply_op(const Operands<T, NIN, NOUT, NCOL>& ops, const Op& op, Idx elem0,
+                                         const AlignedVector<T, VEC> (&loaded)[NIN]) {
+  using A = acc_t<T>;
+  A in[NIN][VEC];
+  A col[NCOL > 0 ? NCOL : 1][VEC];
+  A out[NOUT][VEC];
+#pragma unroll
+  for (int i = 0; i < NIN; ++i)
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) in[i][j] = to_acc(loaded[i].val[j]);
+  if constexpr (NCOL > 0) {
+    const Idx col0 = elem0 % static_cast<Idx>(ops.cols);
+#pragma unroll
+    for (int k = 0; k < NCOL; ++k) {
+      if (ops.col[k] != nullptr) {
+        const auto v = load_vector<T, VEC>(ops.col[k] + col0);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) col[k][j] = to_acc(v.val[j]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) col[k][j] = A(0);
+      }
+    }
+  }
+  op.template apply<VEC>(in, col, out, static_cast<int64_t>(elem0));
+#pragma unroll
+  for (int o = 0; o < NOUT; ++o) {
+    AlignedVector<T, VEC> v;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) v.val[j] = from_acc<T>(out[o][j]);
+    store_vector<T, VEC>(ops.out[o] + elem0, v);
+  }
+}
+
+template <typename T, int VEC, typename Idx, int NIN, int NOUT, int NCOL, class Op>
+__global__ void __launch_bounds__(kThreads) elementwise_kernel(Operands<T, NIN, NOUT, NCOL> ops, Op op) {
+  const Idx n_vec = static_cast<Idx>(ops.numel / VEC);
+  const Idx stride = static_cast<Idx>(gridDim.x) * kThreads * kUnroll;
+  for (Idx base = static_cast<Idx>(blockIdx.x) * kThreads * kUnroll + threadIdx.x; base < n_vec; base += stride) {
+    // All loads of the kUnroll vectors are issued before any result is computed.
+    AlignedVector<T, VEC> loaded[kUnroll][NIN];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const Idx v = base + u * kThreads;
+      if (v < n_vec)
+#pragma unroll
+        for (int i = 0; i < NIN; ++i) loaded[u][i] = load_vector<T, VEC>(ops.in[i] + v * VEC);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const Idx v = base + u * kThreads;
+      if (v < n_vec) apply_op<T, VEC, Idx>(ops, op, v * VEC, loaded[u]);
+    }
+  }
+  if constexpr (VEC > 1) {
+    // Scalar tail: numel % VEC elements, done by the first block.
+    if (blockIdx.x == 0) {
+      for (Idx e = n_vec * VEC + threadIdx.x; e < static_cast<Idx>(ops.numel); e += kThreads) {
+        AlignedVector<T, 1> loaded[NIN];
+#pragma unroll
+        for (int i = 0; i < NIN; ++i) loaded[i].val[0] = ops.in[i][e];
+        apply_op<T, 1, Idx>(ops, op, e, loaded);
+      }
+    }
+  }
+}
+
+template <typename T, int VEC, typename Idx, int NIN, int NOUT, int NCOL, class Op>
+cudaError_t launch_with(const Operands<T, NIN, NOUT, NCOL>& ops, const Op& op, cudaStream_t stream) {
+  const int64_t per_block = int64_t(kThreads) * kUnroll;
+  const int64_t blocks = std::min<int64_t>((ops.numel / VEC + per_block - 1) / per_block, int64_t(1) << 30);
+  elementwise_kernel<T, VEC, Idx><<<static_cast<unsigned>(std::max<int64_t>(blocks, 1)), kThreads, 0, stream>>>(
+      ops, op);
+  return cudaGetLastError();
+}
+
+// Picks 16-byte vectors when every pointer is aligned and no vector straddles a row of the
+// column vectors, else scalar accesses; 32-bit index arithmetic when it cannot overflow.
+template <typename T, int NIN, int NOUT, int NCOL, class Op>
+cudaError_t launch_elementwise(const Operands<T, NIN, NOUT, NCOL>& ops, const Op& op, cudaStream_t stream) {
+  if (ops.numel == 0) return cudaSuccess;
+  constexpr int kVec = kVec16<T>;
+  bool vectorized = true;
+  for (int i = 0; i < NIN; ++i) vectorized &= is_aligned(ops.in[i], 16);
+  for (int o = 0; o < NOUT; ++o) vectorized &= is_aligned(ops.out[o], 16);
+  for (int k = 0; k < NCOL; ++k) vectorized &= ops.col[k] == nullptr || is_aligned(ops.col[k], 16);
+  if (NCOL > 0) vectorized &= ops.cols % kVec == 0;
+  // Largest index formed: numel + kThreads * kUnroll * gridDim (the last stride step).
+  const bool small = ops.numel < (int64_t(1) << 31);
+  if (vectorized) {
+    return small ? launch_with<T, kVec, uint32_t>(ops, op, stream) : launch_with<T, kVec, uint64_t>(ops, op, stream);
+  }
+  return small ? launch_with<T, 1, uint32_t>(ops, op, stream) : launch_with<T, 1, uint64_t>(ops, op, stream);
+}
+
+template <typename A> __device__ __forceinline__ A gelu(A x, bool tanh_approx) {
+  if (tanh_approx) {
+    const A k = A(0.7978845608028654);  // sqrt(2 / pi)
+    return A(0.5) * x * (A(1) + tanh(k * (x + A(0.044715) * x * x * x)));
+  }
+  return A(0.5) * x * (A(1) + erf(x * A(0.7071067811865476)));
+}
+
+template <typename A> __device__ __forceinline__ A gelu_grad(A x, bool tanh_approx) {
+  if (tanh_approx) {
+    const A k = A(0.7978845608028654);
+    const A x2 = x * x;
+    const A t = tanh(k * (x + A(0.044715) * x2 * x));
+    return A(0.5) * (A(1) + t) + A(0.5) * x * (A(1) - t * t) * k * (A(1) + A(3 * 0.044715) * x2);
+  }
+  const A cdf = A(0.5) * (A(1) + erf(x * A(0.7071067811865476)));
+  const A pdf = exp(A(-0.5) * x * x) * A(0.3989422804014327);  // 1 / sqrt(2 pi)
+  return cdf + x * pdf;
+}
+
+template <typename A> __device__ __forceinline__ A sigmoid(A x) { return A(1) / (A(1) + exp(-x)); }
+
+template <typename A> struct ScaleBiasOp {
+  A scale, bias;
+  bool scale_is_vector;
+  // in: x; col: scale, bias
+  template <int VEC>
+  __device__ void apply(const A (&in)[1][VEC], const A (&col)[2][VEC], A (&out)[1][VEC], int64_t) const {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out[0][j] = in[0][j] * (scale_is_vector ? col[0][j] : scale) + col[1][j] + bias;
+  }
+};
+
+template <typename A> struct BiasGeluFwdOp {
+  bool tanh_approx;
+  // in: x; col: bias
+  template <int VEC>
+  __device__ void apply(const A (&in)[1][VEC], const A (&col)[1][VEC], A (&out)[1][VEC], int64_t) const {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out[0][j] = gelu(in[0][j] + col[0][j], tanh_approx);
+  }
+};
+
+template <typename A> struct BiasGeluBwdOp {
+  bool tanh_approx;
+  // in: grad, x; col: bias
+  template <int VEC>
+  __device__ void apply(const A (&in)[2][VEC], const A (&col)[1][VEC], A (&out)[1][VEC], int64_t) const {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out[0][j] = in[0][j] * gelu_grad(in[1][j] + col[0][j], tanh_approx);
+  }
+};
+
+// Draws the keep decision of elements elem0 .. elem0 + VEC - 1 and calls f(j, keep).
+template <int VEC, class F>
+__device__ __forceinline__ void for_each_keep(const PhiloxArgs& args, uint32_t threshold, int64_t elem0, F f) {
+  const PhiloxKey key = unpack_philox(args);
+  uint4 words = philox4x32_10(static_cast<uint64_t>(elem0) >> 2, key);
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    const int64_t e = elem0 + j;
+    if (j > 0 && (e & 3) == 0) words = philox4x32_10(static_cast<uint64_t>(e) >> 2, key);
+    f(j, uint4_word(words, e) >= threshold);
+  }
+}
+
+template <typename A> struct BiasDropoutAddOp {
+  PhiloxArgs philox;
+  int64_t* rng_state;
+  uint32_t threshold;
+  A keep_scale;
+  bool dropout;
+  // in: x, residual; col: bias
+  template <int VEC>
+  __device__ void apply(const A (&in)[2][VEC], const A (&col)[1][VEC], A (&out)[1][VEC], int64_t elem0) const {
+    if (!dropout) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) out[0][j] = in[1][j] + in[0][j] + col[0][j];
+      return;
+    }
+    if (elem0 == 0) {  // exactly one thread records the stream position for the backward
+      const PhiloxKey key = unpack_philox(philox);
+      rng_state[0] = static_cast<int64_t>(key.seed);
+      rng_state[1] = static_cast<int64_t>(key.offset);
+    }
+    for_each_keep<VEC>(philox, threshold, elem0, [&](int j, bool keep) {
+      out[0][j] = in[1][j] + (keep ? (in[0][j] + col[0][j]) * keep_scale : A(0));
+    });
+  }
+};
+
+template <typename A> struct DropoutBwdOp {
+  PhiloxArgs philox;
+  uint32_t threshold;
+  A keep_scale;
+  // in: grad
+  template <int VEC>
+  __device__ void apply(const A (&in)[1][VEC], const A (&)[1][VEC], A (&out)[1][VEC], int64_t elem0) const {
+    for_each_keep<VEC>(philox, threshold, elem0,
+                       [&](int j, bool keep) { out[0][j] = keep ? in[0][j] * keep_scale : A(0); });
+  }
+};
+
+template <typename A> struct SwigluFwdOp {
+  // in: gate, up
+  template <int VEC>
+  __device__ void apply(const A (&in)[2][VEC], const A (&)[1][VEC], A (&out)[1][VEC], int64_t) const {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out[0][j] = in[0][j] * sigmoid(in[0][j]) * in[1][j];
+  }
+};
+
+template <typename A> struct SwigluBwdOp {
+  // in: grad, gate, up; out: grad_gate, grad_up
+  template <int VEC>
+  __device__ void apply(const A (&in)[3][VEC], const A (&)[1][VEC], A (&out)[2][VEC], int64_t) const {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const A g = in[1][j], s = sigmoid(g);
+      out[0][j] = in[0][j] * in[2][j] * s * (A(1) + g * (A(1) - s));
+      out[1][j] = in[0][j] * g * s;
+    }
+  }
+};
+
+}  // namespace
+
+cudaError_t launch_scale_bias(const ScaleBiasParams& p, DType dtype, cudaStream_t stream) {
+  return FUSEDOPS_DISPATCH_FLOAT_TYPES(dtype, T, [&] {
+    using A = acc_t<T>;
+    Operands<T, 1, 1, 2> ops{{static_cast<const T*>(p.x)},
+                             {static_cast<T*>(p.out)},
+                             {static_cast<const T*>(p.scale), static_cast<const T*>(p.bias)},
+                             p.numel,
+                             p.cols};
+    const A bias = p.bias ? A(0) : A(p.bias_value);
+    return launch_elementwise(ops, ScaleBiasOp<A>{A(p.scale_value), bias, p.scale != nullptr}, stream);
+  });
+}
+
+cudaError_t launch_bias_gelu_fwd(const BiasGeluParams& p, DType dtype, cudaStream_t stream) {
+  return FUSEDOPS_DISPATCH_FLOAT_TYPES(dtype, T, [&] {
+    Operands<T, 1, 1, 1> ops{{static_cast<const T*>(p.x)}, {static_cast<T*>(p.out)}, {static_cast<const T*>(p.bias)},
+                             p.numel, p.cols};
+    return launch_elementwise(ops, BiasGeluFwdOp<acc_t<T>>{p.tanh_approximation}, stream);
+  });
+}
+
+cudaError_t launch_bias_gelu_bwd(const BiasGeluParams& p, DType dtype, cudaStream_t stream) {
+  return FUSEDOPS_DISPATCH_FLOAT_TYPES(dtype, T, [&] {
+    Operands<T, 2, 1, 1> ops{{static_cast<const T*>(p.grad), static_cast<const T*>(p.x)},
+                             {static_cast<T*>(p.out)},
+                             {static_cast<const T*>(p.bias)},
+                             p.numel,
+                             p.cols};
+    return launch_elementwise(ops, BiasGeluBwdOp<acc_t<T>>{p.tanh_approximation}, stream);
+  });
+}
+
+cudaError_t launch_bias_dropout_add_fwd(const BiasDropoutAddParams& p, DType dtype, cudaStream_t stream) {
+  return FUSEDOPS_DISPATCH_FLOAT_TYPES(dtype, T, [&] {
+    using A = acc_t<T>;
+    Operands<T, 2, 1, 1> ops{{static_cast<const T*>(p.x), static_cast<const T*>(p.residual)},
+                             {static_cast<T*>(p.out)},
+                             {static_cast<const T*>(p.bias)},
+                             p.numel,
+                             p.cols};
+    const BiasDropoutAddOp<A> op{p.philox, p.rng_state, dropout_threshold(p.p), A(1.0 / (1.0 - p.p)), p.dropout};
+    return launch_elementwise(ops, op, stream);
+  });
+}
+
+cudaError_t launch_dropout_bwd(const DropoutBackwardParams& p, DType dtype, cudaStream_t stream) {
+  return FUSEDOPS_DISPATCH_FLOAT_TYPES(dtype, T, [&] {
+    using A = acc_t<T>;
+    Operands<T, 1, 1, 0> ops{{static_cast<const T*>(p.grad)}, {static_cast<T*>(p.grad_in)}, {nullptr}, p.numel, 1};
+    PhiloxArgs recorded;
+    recorded.captured = true;  // seed and offset are read from device memory
+    recorded.seed_ptr = p.rng_state;
+    recorded.offset_ptr = p.rng_state + 1;
+    return launch_elementwise(ops, DropoutBwdOp<A>{recorded, dropout_threshold(p.p), A(1.0 / (1.0 - p.p))}, stream);
+  });
+}
+
+cudaError_t launch_swiglu_fwd(const SwigluParams& p, DType dtype, cudaStream_t stream) {
+  return FUSEDOPS_DISPATCH_FLOAT_TYPES(dtype, T, [&] {
+    Operands<T, 2, 1, 0> ops{{static_cast<const T*>(p.gate), static_cast<const T*>(p.up)},
+                             {static_cast<T*>(p.out)},
+                             {nullptr},
+                             p.numel,
+                             1};
+    return launch_elementwise(ops, SwigluFwdOp<acc_t<T>>{}, stream);
+  });
+}
+
+cudaError_t launch_swiglu_bwd(const SwigluBackwardParams& p, DType dtype, cudaStream_t stream) {
+  return FUSEDOPS_DISPATCH_FLOAT_TYPES(dtype, T, [&] {
+    Operands<T, 3, 2, 0> ops{
+        {static_cast<const T*>(p.grad), static_cast<const T*>(p.gate), static_cast<const T*>(p.up)},
+        {static_cast<T*>(p.grad_gate), static_cast<T*>(p.grad_up)},
+        {nullptr},
+        p.numel,
+        1};
+    return launch_elementwise(ops, SwigluBwdOp<acc_t<T>>{}, stream);
+  });
+}
+
+}  // namespace fusedops

@@ -1,0 +1,54 @@
+"""Shared test helpers. GPU tests carry the `gpu` marker and skip, with the reason shown, on a
+machine without CUDA; everything else runs on the CPU path (the reference kernels)."""
+import zlib
+
+import pytest
+import torch
+
+import fusedops
+from fusedops import _ext
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped without one")
+
+
+def pytest_collection_modifyitems(config, items):
+    skips = []
+    if not _ext.available():
+        skips.append(("", pytest.mark.skip(reason=f"fusedops extension not built: {_ext.load_error}")))
+    if not HAS_CUDA:
+        skips.append(("gpu", pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")))
+    for item in items:
+        for marker, skip in skips:
+            if not marker or marker in item.keywords:
+                item.add_marker(skip)
+
+
+def relative_error(out, ref):
+    """||out - ref|| / ||ref|| in float64; NaN anywhere counts as infinite error."""
+    out, ref = out.double(), ref.double()
+    if torch.isnan(out).any():
+        return float("inf")
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def assert_close_to_reference(out, ref64, torch_out, factor=2.0, atol=1e-6, name="output"):
+    """FlashAttention's rule: our error against the float64 reference is at most `factor` times
+    the error of PyTorch's own op in the same dtype, plus a tiny absolute term."""
+    ours = (out.double() - ref64).abs().max().item() if out.numel() else 0.0
+    theirs = (torch_out.double() - ref64).abs().max().item() if out.numel() else 0.0
+    assert not torch.isnan(out).any(), f"{name} has NaN"
+    assert ours <= factor * theirs + atol, f"{name}: max error {ours:.3e} > {factor} x torch's {theirs:.3e} + {atol}"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_seed(request):
+    """Different random inputs in every test, reproducible from the test's id."""
+    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
+    yield
+
+
+__all__ = ["fusedops", "HAS_CUDA", "relative_error", "assert_close_to_reference"]
