@@ -18,6 +18,12 @@ TORCH_LIBRARY(fusedops, m) {
   m.def("dropout_bwd(Tensor grad, Tensor rng_state, float p) -> Tensor");
   m.def("swiglu_fwd(Tensor gate, Tensor up) -> Tensor");
   m.def("swiglu_bwd(Tensor grad, Tensor gate, Tensor up) -> (Tensor, Tensor)");
+
+  // Softmax
+
+  // Norms
+
+  // Attention
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {

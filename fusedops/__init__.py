@@ -2,7 +2,12 @@
 from . import _ext
 from ._ext import build_info
 
-__all__ = ["build_info", "scale_bias", "bias_gelu", "bias_dropout_add", "swiglu"]
+_ELEMENTWISE = ["scale_bias", "bias_gelu", "bias_dropout_add", "swiglu"]
+_SOFTMAX = []
+_NORM = []
+_ATTENTION = []
+
+__all__ = ["build_info"] + _ELEMENTWISE + _SOFTMAX + _NORM + _ATTENTION
 
 if _ext.available():
     from .ops.elementwise import bias_dropout_add, bias_gelu, scale_bias, swiglu
@@ -11,4 +16,5 @@ else:
     def _unavailable(*args, **kwargs):
         _ext.require()
 
-    scale_bias = bias_gelu = bias_dropout_add = swiglu = _unavailable
+    for _name in __all__[1:]:
+        globals()[_name] = _unavailable

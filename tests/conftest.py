@@ -13,6 +13,7 @@ HAS_CUDA = torch.cuda.is_available()
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped without one")
+    config.addinivalue_line("markers", "sanitizer: small GPU case that scripts/gpu_check.sh runs under compute-sanitizer")
 
 
 def pytest_collection_modifyitems(config, items):
