@@ -3,7 +3,7 @@ from . import _ext
 from ._ext import build_info
 
 _ELEMENTWISE = ["scale_bias", "bias_gelu", "bias_dropout_add", "swiglu"]
-_SOFTMAX = []
+_SOFTMAX = ["softmax", "log_softmax", "masked_softmax"]
 _NORM = []
 _ATTENTION = []
 
@@ -11,6 +11,7 @@ __all__ = ["build_info"] + _ELEMENTWISE + _SOFTMAX + _NORM + _ATTENTION
 
 if _ext.available():
     from .ops.elementwise import bias_dropout_add, bias_gelu, scale_bias, swiglu
+    from .ops.softmax import log_softmax, masked_softmax, softmax
 else:
 
     def _unavailable(*args, **kwargs):

@@ -1,0 +1,715 @@
+// Softmax family kernels. A row is handled by a group of G threads: G <= 32 is a sub-warp (several
+// rows per block, __shfl_xor_sync reductions), G > 32 is a whole block (block reductions).
+//
+// Two row strategies:
+// - register rows (cols <= G * ITEMS * VEC, 16-byte aligned rows): each thread keeps its
+//   ITEMS vectors of VEC elements in registers as fp32, so the row is read from HBM once;
+// - streamed rows (longer rows, odd sizes, unaligned views, fp64): two passes over the row, an
+//   online max + sum (or the backward's dot product) and then the output. The first pass may
+//   stage the row in shared memory (CACHE) so the second reads it from there; otherwise the
+//   second pass mostly hits L2, which the grid keeps large enough to hold every row in flight.
+//
+// Forward and backward share one body each; masked softmax differs only in how a logit is
+// formed (scale, mask, causal), in the dropout applied to the output, and in the backward
+// recomputing the probabilities from x and the saved log-sum-exp.
+#include <algorithm>
+#include <limits>
+#include <type_traits>
+
+#include "../common/dispatch.cuh"
+#include "../common/philox.cuh"
+#include "../common/reduce.cuh"
+#include "../common/vec.cuh"
+#include "softmax.h"
+
+namespace fusedops {
+namespace {
+
+constexpr int kSmallGroupBlock = 128;  // block size when a row takes at most one warp
+constexpr int kRegisterElems = 16;     // elements of a row one thread keeps in registers
+constexpr int kStreamUnroll = 4;       // vectors loaded before any is used in streamed rows
+constexpr int kStreamThreads = 512;    // threads per row for long streamed rows (128 registers each)
+constexpr int kMaxCacheBytes = 96 * 1024;       // shared memory staging of a streamed row
+constexpr int64_t kL2InFlightBytes = 32 << 20;  // rows in flight that the L2 (60 MB) should hold
+
+__host__ __device__ constexpr int block_threads(int group) { return group <= 32 ? kSmallGroupBlock : group; }
+
+template <typename A> __device__ __forceinline__ A neg_inf() { return -std::numeric_limits<A>::infinity(); }
+template <typename A> __device__ __forceinline__ A pos_inf() { return std::numeric_limits<A>::infinity(); }
+__device__ __forceinline__ float exp_acc(float v) { return expf(v); }
+__device__ __forceinline__ double exp_acc(double v) { return exp(v); }
+__device__ __forceinline__ float log_acc(float v) { return logf(v); }
+__device__ __forceinline__ double log_acc(double v) { return log(v); }
+
+template <int G, typename A, class Op>
+__device__ __forceinline__ A group_reduce(A value, Op op, A identity, A* scratch) {
+  if constexpr (G <= 32) {
+    return warp_reduce<G>(value, op);
+  } else {
+    return block_reduce(value, op, identity, scratch);
+  }
+}
+
+// The rows a group visits: a grid-stride loop whose trip count is uniform across the block, so
+// every thread reaches every reduction; `valid` says whether the group's row exists.
+template <int G> struct RowCursor {
+  static constexpr int kRowsPerBlock = G <= 32 ? kSmallGroupBlock / G : 1;
+  __device__ static int lane() { return G <= 32 ? threadIdx.x % G : threadIdx.x; }
+  __device__ static int64_t first() { return static_cast<int64_t>(blockIdx.x) * kRowsPerBlock; }
+  __device__ static int64_t step() { return static_cast<int64_t>(gridDim.x) * kRowsPerBlock; }
+  __device__ static int64_t row(int64_t base) { return base + threadIdx.x / (G <= 32 ? G : blockDim.x); }
+};
+
+// Max and sum of exp(logit - max) of one row, turned into what the outputs need.
+template <typename A> struct RowStats {
+  A max;      // 0 for a row with no finite logit, so exp(-inf - max) = 0
+  A inv_sum;  // 0 for a fully masked row: its probabilities are 0
+  A log_sum;
+  bool empty;
+  __device__ RowStats(A m, A s)
+      : max(m == neg_inf<A>() ? A(0) : m), inv_sum(s > A(0) ? A(1) / s : A(0)), log_sum(log_acc(s)), empty(!(s > A(0))) {}
+  __device__ A prob(A logit) const { return exp_acc(logit - max) * inv_sum; }
+  __device__ A log_prob(A logit) const { return empty ? neg_inf<A>() : logit - max - log_sum; }
+  // Log-sum-exp saved for the backward: +inf for a fully masked row, so exp(logit - lse) = 0.
+  __device__ A lse() const { return empty ? pos_inf<A>() : max + log_sum; }
+};
+
+// ---- masking and dropout ---------------------------------------------------------------------
+
+// The mask of one row: a pointer to its first element and the causal limit.
+template <typename T> struct MaskRow {
+  const char* data;
+  int64_t col_stride_bytes;
+  int64_t last_visible;  // causal: columns past the query index are masked
+  MaskKind kind;
+
+  __device__ __forceinline__ acc_t<T> logit(int64_t col, acc_t<T> scaled) const {
+    if (col > last_visible) return neg_inf<acc_t<T>>();
+    if (kind == MaskKind::Bool) {
+      if (!data[col * col_stride_bytes]) return neg_inf<acc_t<T>>();
+    } else if (kind == MaskKind::Additive) {
+      scaled += to_acc(*reinterpret_cast<const T*>(data + col * col_stride_bytes));
+    }
+    return scaled;
+  }
+};
+
+template <typename T>
+__device__ __forceinline__ MaskRow<T> mask_row(const MaskLayout& m, int64_t row, int64_t q_len, bool causal) {
+  const int64_t elem_bytes = m.kind == MaskKind::Bool ? 1 : static_cast<int64_t>(sizeof(T));
+  int64_t offset = 0, rest = row;
+#pragma unroll
+  for (int d = kMaxLeadDims - 1; d >= 0; --d) {
+    offset += (rest % m.lead_sizes[d]) * m.lead_strides[d];
+    rest /= m.lead_sizes[d];
+  }
+  const int64_t last_visible = causal ? row % q_len : std::numeric_limits<int64_t>::max();
+  return {static_cast<const char*>(m.data) + offset * elem_bytes, m.col_stride * elem_bytes, last_visible, m.kind};
+}
+
+// Bit j set when element e0 + j survives dropout (element index = linear index in the output).
+template <int VEC>
+__device__ __forceinline__ uint32_t keep_bits(const PhiloxKey& key, uint32_t threshold, int64_t e0) {
+  uint32_t bits = 0;
+  uint4 words;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    const int64_t e = e0 + j;
+    if (j == 0 || (e & 3) == 0) words = philox4x32_10(static_cast<uint64_t>(e) >> 2, key);
+    if (uint4_word(words, e) >= threshold) bits |= 1u << j;
+  }
+  return bits;
+}
+
+// ---- per-op arguments, in device types ---------------------------------------------------------
+
+template <typename T> struct ForwardArgs {
+  const T* x;
+  T* out;
+  int64_t rows, cols, x_row_stride;
+  acc_t<T> scale;
+  bool log;
+  // masked softmax only
+  acc_t<T>* lse;
+  int64_t* rng_state;
+  int64_t q_len;
+  MaskLayout mask;
+  bool causal, dropout;
+  uint32_t threshold;
+  acc_t<T> keep_scale;
+  PhiloxArgs philox;
+};
+
+// The backward reads two row tensors: `a` (y, or x for masked softmax) and dy.
+template <typename T> struct BackwardArgs {
+  const T* a;
+  const T* dy;
+  T* dx;
+  int64_t rows, cols, a_row_stride, dy_row_stride;
+  acc_t<T> scale;
+  bool log;
+  // masked softmax only
+  const acc_t<T>* lse;
+  const int64_t* rng_state;
+  int64_t q_len;
+  MaskLayout mask;
+  bool causal, dropout;
+  uint32_t threshold;
+  acc_t<T> keep_scale;
+};
+
+// What a forward row needs besides its data: the mask row and the dropout key.
+template <typename T, bool MASKED> struct ForwardRow {
+  MaskRow<T> mask;
+  PhiloxKey key;
+  __device__ ForwardRow(const ForwardArgs<T>& a, int64_t row) {
+    if constexpr (MASKED) {
+      mask = mask_row<T>(a.mask, row, a.q_len, a.causal);
+      if (a.dropout) key = unpack_philox(a.philox);
+    }
+  }
+  __device__ __forceinline__ acc_t<T> logit(const ForwardArgs<T>& a, int64_t col, T x) const {
+    const acc_t<T> scaled = to_acc(x) * a.scale;
+    if constexpr (MASKED) return mask.logit(col, scaled);
+    return scaled;
+  }
+  // Stores the outputs of VEC elements starting at col c0 of `row`. `values` are logits, or with
+  // kExps (and never for log_softmax) the exp(logit - stats.max) already computed.
+  template <int VEC, bool kExps>
+  __device__ __forceinline__ void store(const ForwardArgs<T>& a, int64_t row, int64_t c0, const acc_t<T> (&values)[VEC],
+                        const RowStats<acc_t<T>>& stats) const {
+    AlignedVector<T, VEC> v;
+    uint32_t keep = ~0u;
+    if constexpr (MASKED) {
+      if (a.dropout) keep = keep_bits<VEC>(key, a.threshold, row * a.cols + c0);
+    }
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      acc_t<T> y;
+      if (!MASKED && a.log) {
+        y = stats.log_prob(values[j]);
+      } else {
+        y = (kExps ? values[j] * stats.inv_sum : stats.prob(values[j]));
+        if (MASKED && a.dropout) y = (keep >> j) & 1u ? y * a.keep_scale : acc_t<T>(0);
+      }
+      v.val[j] = from_acc<T>(y);
+    }
+    store_vector<T, VEC>(a.out + row * a.cols + c0, v);
+  }
+  __device__ __forceinline__ void finish(const ForwardArgs<T>& a, int64_t row, const RowStats<acc_t<T>>& stats) const {
+    if constexpr (MASKED) {
+      a.lse[row] = stats.lse();
+      if (a.dropout && row == 0) {  // one thread records the stream position for the backward
+        a.rng_state[0] = static_cast<int64_t>(key.seed);
+        a.rng_state[1] = static_cast<int64_t>(key.offset);
+      }
+    }
+  }
+};
+
+// A backward row turns loaded (a, dy) into (y, g) such that
+//   softmax:     partial = g * y,  dx = scale * y * (g - S)
+//   log_softmax: partial = g,      dx = scale * (g - exp(y) * S)
+// with S the row sum of partial. Masked softmax recomputes y = exp(logit - lse) and applies the
+// dropout mask to g.
+template <typename T, bool MASKED> struct BackwardRow {
+  MaskRow<T> mask;
+  PhiloxKey key;
+  acc_t<T> lse;
+  __device__ BackwardRow(const BackwardArgs<T>& a, int64_t row, bool valid) {
+    if constexpr (MASKED) {
+      mask = mask_row<T>(a.mask, row, a.q_len, a.causal);
+      lse = valid ? a.lse[row] : pos_inf<acc_t<T>>();
+      if (a.dropout) key = {static_cast<uint64_t>(a.rng_state[0]), static_cast<uint64_t>(a.rng_state[1])};
+    }
+  }
+  template <int VEC>
+  __device__ __forceinline__ void prepare(const BackwardArgs<T>& a, int64_t row, int64_t c0, const AlignedVector<T, VEC>& va,
+                          const AlignedVector<T, VEC>& vdy, acc_t<T> (&y)[VEC], acc_t<T> (&g)[VEC]) const {
+    if constexpr (MASKED) {
+      const uint32_t keep = a.dropout ? keep_bits<VEC>(key, a.threshold, row * a.cols + c0) : ~0u;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        y[j] = exp_acc(mask.logit(c0 + j, to_acc(va.val[j]) * a.scale) - lse);
+        const acc_t<T> dy = to_acc(vdy.val[j]);
+        g[j] = a.dropout ? ((keep >> j) & 1u ? dy * a.keep_scale : acc_t<T>(0)) : dy;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        y[j] = to_acc(va.val[j]);
+        g[j] = to_acc(vdy.val[j]);
+      }
+    }
+  }
+  __device__ __forceinline__ acc_t<T> partial(const BackwardArgs<T>& a, acc_t<T> y, acc_t<T> g) const {
+    return !MASKED && a.log ? g : g * y;
+  }
+  __device__ __forceinline__ acc_t<T> grad(const BackwardArgs<T>& a, acc_t<T> y, acc_t<T> g, acc_t<T> sum) const {
+    return !MASKED && a.log ? a.scale * (g - exp_acc(y) * sum) : a.scale * y * (g - sum);
+  }
+};
+
+// ---- register rows ---------------------------------------------------------------------------
+
+template <typename T, int G, int ITEMS, int VEC, bool MASKED>
+__global__ void __launch_bounds__(block_threads(G)) register_forward_kernel(ForwardArgs<T> a) {
+  using A = acc_t<T>;
+  using Cursor = RowCursor<G>;
+  __shared__ A scratch[32];
+  const int lane = Cursor::lane();
+  for (int64_t base = Cursor::first(); base < a.rows; base += Cursor::step()) {
+    const int64_t row = Cursor::row(base);
+    const bool valid = row < a.rows;
+    const ForwardRow<T, MASKED> ctx(a, valid ? row : 0);
+    A logits[ITEMS][VEC];
+    A max = neg_inf<A>();
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int64_t c0 = static_cast<int64_t>(i * G + lane) * VEC;
+      if (valid && c0 < a.cols) {
+        const auto v = load_vector<T, VEC>(a.x + row * a.x_row_stride + c0);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          logits[i][j] = ctx.logit(a, c0 + j, v.val[j]);
+          max = logits[i][j] > max ? logits[i][j] : max;
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) logits[i][j] = neg_inf<A>();
+      }
+    }
+    max = group_reduce<G>(max, MaxOp{}, neg_inf<A>(), scratch);
+    const A shift = max == neg_inf<A>() ? A(0) : max;
+    // softmax keeps exp(logit - max) in place of the logit; log_softmax keeps the logit.
+    const bool keep_exps = MASKED || !a.log;
+    A sum = 0;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i)
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const A e = exp_acc(logits[i][j] - shift);
+        sum += e;
+        if (keep_exps) logits[i][j] = e;
+      }
+    sum = group_reduce<G>(sum, SumOp{}, A(0), scratch);
+    const RowStats<A> stats(max, sum);
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int64_t c0 = static_cast<int64_t>(i * G + lane) * VEC;
+      if (valid && c0 < a.cols) {
+        if (keep_exps) {
+          ctx.template store<VEC, true>(a, row, c0, logits[i], stats);
+        } else {
+          ctx.template store<VEC, false>(a, row, c0, logits[i], stats);
+        }
+      }
+    }
+    if (valid && lane == 0) ctx.finish(a, row, stats);
+  }
+}
+
+template <typename T, int G, int ITEMS, int VEC, bool MASKED>
+__global__ void __launch_bounds__(block_threads(G)) register_backward_kernel(BackwardArgs<T> a) {
+  using A = acc_t<T>;
+  using Cursor = RowCursor<G>;
+  __shared__ A scratch[32];
+  const int lane = Cursor::lane();
+  for (int64_t base = Cursor::first(); base < a.rows; base += Cursor::step()) {
+    const int64_t row = Cursor::row(base);
+    const bool valid = row < a.rows;
+    const BackwardRow<T, MASKED> ctx(a, valid ? row : 0, valid);
+    A y[ITEMS][VEC], g[ITEMS][VEC];
+    A sum = 0;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int64_t c0 = static_cast<int64_t>(i * G + lane) * VEC;
+      if (valid && c0 < a.cols) {
+        const auto va = load_vector<T, VEC>(a.a + row * a.a_row_stride + c0);
+        const auto vdy = load_vector<T, VEC>(a.dy + row * a.dy_row_stride + c0);
+        ctx.template prepare<VEC>(a, row, c0, va, vdy, y[i], g[i]);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) sum += ctx.partial(a, y[i][j], g[i][j]);
+      }
+    }
+    sum = group_reduce<G>(sum, SumOp{}, A(0), scratch);
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int64_t c0 = static_cast<int64_t>(i * G + lane) * VEC;
+      if (valid && c0 < a.cols) {
+        AlignedVector<T, VEC> v;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) v.val[j] = from_acc<T>(ctx.grad(a, y[i][j], g[i][j], sum));
+        store_vector<T, VEC>(a.dx + row * a.cols + c0, v);
+      }
+    }
+  }
+}
+
+// ---- streamed rows ---------------------------------------------------------------------------
+
+// Calls f(c0, vector) for each of the thread's vectors of the row, kStreamUnroll loads in flight.
+// With CACHE the vectors come from (and, on the first pass, go to) the row's shared-memory copy.
+template <int G, int VEC, bool CACHE, bool FILL, typename T, class F>
+__device__ __forceinline__ void stream_row(const T* src, T* cache, int64_t cols, F f) {
+  const int lane = RowCursor<G>::lane();
+  for (int64_t c = static_cast<int64_t>(lane) * VEC; c < cols; c += int64_t(G) * VEC * kStreamUnroll) {
+    AlignedVector<T, VEC> v[kStreamUnroll];
+#pragma unroll
+    for (int u = 0; u < kStreamUnroll; ++u) {
+      const int64_t cu = c + int64_t(u) * G * VEC;
+      if (cu < cols) v[u] = CACHE && !FILL ? load_vector<T, VEC>(cache + cu) : load_vector<T, VEC>(src + cu);
+    }
+#pragma unroll
+    for (int u = 0; u < kStreamUnroll; ++u) {
+      const int64_t cu = c + int64_t(u) * G * VEC;
+      if (cu < cols) {
+        if (CACHE && FILL) store_vector<T, VEC>(cache + cu, v[u]);
+        f(cu, v[u]);
+      }
+    }
+  }
+}
+
+template <typename T, int G, int VEC, bool MASKED, bool CACHE>
+__global__ void __launch_bounds__(block_threads(G)) streamed_forward_kernel(ForwardArgs<T> a) {
+  using A = acc_t<T>;
+  using Cursor = RowCursor<G>;
+  static_assert(!CACHE || G > 32, "a cached row belongs to a whole block");
+  __shared__ A scratch[32];
+  extern __shared__ uint4 cache_storage[];
+  T* cache = reinterpret_cast<T*>(cache_storage);
+  for (int64_t base = Cursor::first(); base < a.rows; base += Cursor::step()) {
+    const int64_t row = Cursor::row(base);
+    const bool valid = row < a.rows;
+    const ForwardRow<T, MASKED> ctx(a, valid ? row : 0);
+    const T* x = a.x + row * a.x_row_stride;
+    const int64_t cols = valid ? a.cols : 0;
+    // Online max and sum: the running sum is rescaled whenever the running max grows.
+    A max = neg_inf<A>(), sum = 0;
+    stream_row<G, VEC, CACHE, true>(x, cache, cols, [&](int64_t c0, const AlignedVector<T, VEC>& v) {
+      A logits[VEC];
+      A vmax = neg_inf<A>();
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        logits[j] = ctx.logit(a, c0 + j, v.val[j]);
+        vmax = logits[j] > vmax ? logits[j] : vmax;
+      }
+      if (vmax > max) {
+        sum *= exp_acc(max - vmax);
+        max = vmax;
+      }
+      if (max != neg_inf<A>()) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) sum += exp_acc(logits[j] - max);
+      }
+    });
+    const A row_max = group_reduce<G>(max, MaxOp{}, neg_inf<A>(), scratch);
+    sum = max == neg_inf<A>() ? A(0) : sum * exp_acc(max - row_max);
+    sum = group_reduce<G>(sum, SumOp{}, A(0), scratch);
+    const RowStats<A> stats(row_max, sum);
+    stream_row<G, VEC, CACHE, false>(x, cache, cols, [&](int64_t c0, const AlignedVector<T, VEC>& v) {
+      A logits[VEC];
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) logits[j] = ctx.logit(a, c0 + j, v.val[j]);
+      ctx.template store<VEC, false>(a, row, c0, logits, stats);
+    });
+    if (valid && Cursor::lane() == 0) ctx.finish(a, row, stats);
+    if (CACHE) __syncthreads();  // the next row's first pass overwrites the cache
+  }
+}
+
+template <typename T, int G, int VEC, bool MASKED, bool CACHE>
+__global__ void __launch_bounds__(block_threads(G)) streamed_backward_kernel(BackwardArgs<T> a) {
+  using A = acc_t<T>;
+  using Cursor = RowCursor<G>;
+  static_assert(!CACHE || G > 32, "a cached row belongs to a whole block");
+  __shared__ A scratch[32];
+  extern __shared__ uint4 cache_storage[];
+  T* cache_a = reinterpret_cast<T*>(cache_storage);
+  T* cache_dy = cache_a + a.cols;
+  const int lane = Cursor::lane();
+  for (int64_t base = Cursor::first(); base < a.rows; base += Cursor::step()) {
+    const int64_t row = Cursor::row(base);
+    const bool valid = row < a.rows;
+    const BackwardRow<T, MASKED> ctx(a, valid ? row : 0, valid);
+    const T* src_a = a.a + row * a.a_row_stride;
+    const T* src_dy = a.dy + row * a.dy_row_stride;
+    const int64_t cols = valid ? a.cols : 0;
+    // Both tensors advance together: the same thread owns the same columns of each.
+    auto pass = [&](auto fill, auto f) {
+      constexpr bool kFill = decltype(fill)::value;
+      for (int64_t c = static_cast<int64_t>(lane) * VEC; c < cols; c += int64_t(G) * VEC * kStreamUnroll) {
+        AlignedVector<T, VEC> va[kStreamUnroll], vdy[kStreamUnroll];
+#pragma unroll
+        for (int u = 0; u < kStreamUnroll; ++u) {
+          const int64_t cu = c + int64_t(u) * G * VEC;
+          if (cu < cols) {
+            va[u] = load_vector<T, VEC>((CACHE && !kFill ? cache_a : src_a) + cu);
+            vdy[u] = load_vector<T, VEC>((CACHE && !kFill ? cache_dy : src_dy) + cu);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kStreamUnroll; ++u) {
+          const int64_t cu = c + int64_t(u) * G * VEC;
+          if (cu < cols) {
+            if (CACHE && kFill) {
+              store_vector<T, VEC>(cache_a + cu, va[u]);
+              store_vector<T, VEC>(cache_dy + cu, vdy[u]);
+            }
+            A y[VEC], g[VEC];
+            ctx.template prepare<VEC>(a, row, cu, va[u], vdy[u], y, g);
+            f(cu, y, g);
+          }
+        }
+      }
+    };
+    A sum = 0;
+    pass(std::true_type{}, [&](int64_t, const A(&y)[VEC], const A(&g)[VEC]) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) sum += ctx.partial(a, y[j], g[j]);
+    });
+    sum = group_reduce<G>(sum, SumOp{}, A(0), scratch);
+    pass(std::false_type{}, [&](int64_t c0, const A(&y)[VEC], const A(&g)[VEC]) {
+      AlignedVector<T, VEC> v;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) v.val[j] = from_acc<T>(ctx.grad(a, y[j], g[j], sum));
+      store_vector<T, VEC>(a.dx + row * a.cols + c0, v);
+    });
+    if (CACHE) __syncthreads();
+  }
+}
+
+// ---- launch ----------------------------------------------------------------------------------
+
+int sm_count() {
+  int device = 0, count = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+  return std::max(count, 1);
+}
+
+// Blocks for a grid-stride loop over rows.
+int64_t row_blocks(int64_t rows, int group) {
+  const int64_t per_block = group <= 32 ? kSmallGroupBlock / group : 1;
+  return std::max<int64_t>(std::min<int64_t>((rows + per_block - 1) / per_block, int64_t(1) << 30), 1);
+}
+
+// Which row strategy a shape takes.
+struct Plan {
+  bool vectorized;  // 16-byte accesses: aligned pointers, row strides and cols multiples of VEC
+  int group;        // threads per row
+  int items;        // register rows: vectors per thread; 0 for streamed rows
+  bool cache;       // streamed rows staged in shared memory
+  size_t cache_bytes;
+};
+
+template <typename T>
+Plan make_plan(int64_t cols, bool aligned, int tensors) {
+  constexpr int kVec = kVec16<T>;
+  Plan plan{false, 32, 0, false, 0};
+  plan.vectorized = aligned && cols % kVec == 0 && !std::is_same<T, double>::value;
+  if (!plan.vectorized) {
+    plan.group = cols <= 1024 ? 32 : kStreamThreads;
+    return plan;
+  }
+  constexpr int kItems = kRegisterElems / kVec;
+  const int64_t per_thread = kItems * kVec;
+  if (cols <= per_thread * 1024) {
+    const int64_t threads = (cols + per_thread - 1) / per_thread;
+    int group = 4;
+    while (group < threads) group *= 2;
+    plan.group = group;
+    plan.items = kItems;
+    return plan;
+  }
+  plan.group = kStreamThreads;
+  plan.cache_bytes = static_cast<size_t>(cols) * sizeof(T) * tensors;
+  plan.cache = plan.cache_bytes <= static_cast<size_t>(kMaxCacheBytes);
+  if (!plan.cache) plan.cache_bytes = 0;
+  return plan;
+}
+
+template <class Kernel, class Args>
+cudaError_t launch_streamed(Kernel kernel, const Args& args, const Plan& plan, int64_t row_bytes, cudaStream_t stream) {
+  int64_t blocks = row_blocks(args.rows, plan.group);
+  if (plan.group > 32) {
+    if (plan.cache_bytes > 48 * 1024) {
+      const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   static_cast<int>(plan.cache_bytes));
+      if (err != cudaSuccess) return err;
+    }
+    int per_sm = 1;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, plan.group, plan.cache_bytes);
+    const int sms = sm_count();
+    // Without the cache the second pass re-reads the row: keep the rows in flight within L2.
+    const int64_t fit = plan.cache ? per_sm : std::max<int64_t>(1, kL2InFlightBytes / (sms * std::max<int64_t>(row_bytes, 1)));
+    blocks = std::min<int64_t>(blocks, int64_t(sms) * std::max<int64_t>(1, std::min<int64_t>(per_sm, fit)));
+  }
+  kernel<<<static_cast<unsigned>(blocks), block_threads(plan.group), plan.cache_bytes, stream>>>(args);
+  return cudaGetLastError();
+}
+
+// Instantiates and launches the kernel of a plan: Launch::register_rows<G, ITEMS, VEC>() or
+// Launch::streamed<G, VEC, CACHE>().
+template <typename T, class Launch>
+cudaError_t dispatch_plan(const Plan& plan, Launch launch) {
+  constexpr int kVec = kVec16<T>;
+  constexpr int kItems = kRegisterElems / kVec;
+  if (plan.items > 0) {
+    if constexpr (!std::is_same<T, double>::value) {
+      switch (plan.group) {
+        case 4: return launch.template register_rows<4, kItems, kVec>();
+        case 8: return launch.template register_rows<8, kItems, kVec>();
+        case 16: return launch.template register_rows<16, kItems, kVec>();
+        case 32: return launch.template register_rows<32, kItems, kVec>();
+        case 64: return launch.template register_rows<64, kItems, kVec>();
+        case 128: return launch.template register_rows<128, kItems, kVec>();
+        case 256: return launch.template register_rows<256, kItems, kVec>();
+        case 512: return launch.template register_rows<512, kItems, kVec>();
+        case 1024: return launch.template register_rows<1024, kItems, kVec>();
+        default: return cudaErrorInvalidConfiguration;
+      }
+    }
+    return cudaErrorInvalidConfiguration;
+  }
+  if (!plan.vectorized) {
+    return plan.group == 32 ? launch.template streamed<32, 1, false>()
+                            : launch.template streamed<kStreamThreads, 1, false>();
+  }
+  if constexpr (!std::is_same<T, double>::value) {
+    return plan.cache ? launch.template streamed<kStreamThreads, kVec, true>()
+                      : launch.template streamed<kStreamThreads, kVec, false>();
+  }
+  return cudaErrorInvalidConfiguration;
+}
+
+template <typename T, bool MASKED> struct ForwardLaunch {
+  const ForwardArgs<T>& args;
+  const Plan& plan;
+  cudaStream_t stream;
+  template <int G, int ITEMS, int VEC> cudaError_t register_rows() const {
+    register_forward_kernel<T, G, ITEMS, VEC, MASKED>
+        <<<static_cast<unsigned>(row_blocks(args.rows, G)), block_threads(G), 0, stream>>>(args);
+    return cudaGetLastError();
+  }
+  template <int G, int VEC, bool CACHE> cudaError_t streamed() const {
+    return launch_streamed(streamed_forward_kernel<T, G, VEC, MASKED, CACHE>, args, plan,
+                           args.cols * int64_t(sizeof(T)), stream);
+  }
+};
+
+template <typename T, bool MASKED> struct BackwardLaunch {
+  const BackwardArgs<T>& args;
+  const Plan& plan;
+  cudaStream_t stream;
+  template <int G, int ITEMS, int VEC> cudaError_t register_rows() const {
+    register_backward_kernel<T, G, ITEMS, VEC, MASKED>
+        <<<static_cast<unsigned>(row_blocks(args.rows, G)), block_threads(G), 0, stream>>>(args);
+    return cudaGetLastError();
+  }
+  template <int G, int VEC, bool CACHE> cudaError_t streamed() const {
+    return launch_streamed(streamed_backward_kernel<T, G, VEC, MASKED, CACHE>, args, plan,
+                           2 * args.cols * int64_t(sizeof(T)), stream);
+  }
+};
+
+bool rows_aligned(const void* ptr, int64_t row_stride, int elem_bytes) {
+  return is_aligned(ptr, 16) && (row_stride * elem_bytes) % 16 == 0;
+}
+
+// Vectors of mask elements are read one by one, so the mask never limits vectorization.
+template <typename T>
+ForwardArgs<T> forward_args(const void* x, void* out, int64_t rows, int64_t cols, int64_t x_row_stride, double scale,
+                            bool log) {
+  ForwardArgs<T> a{};
+  a.x = static_cast<const T*>(x);
+  a.out = static_cast<T*>(out);
+  a.rows = rows;
+  a.cols = cols;
+  a.x_row_stride = x_row_stride;
+  a.scale = static_cast<acc_t<T>>(scale);
+  a.log = log;
+  a.q_len = 1;
+  return a;
+}
+
+template <typename T>
+BackwardArgs<T> backward_args(const void* a_ptr, const void* dy, void* dx, int64_t rows, int64_t cols,
+                              int64_t a_row_stride, int64_t dy_row_stride, double scale, bool log) {
+  BackwardArgs<T> a{};
+  a.a = static_cast<const T*>(a_ptr);
+  a.dy = static_cast<const T*>(dy);
+  a.dx = static_cast<T*>(dx);
+  a.rows = rows;
+  a.cols = cols;
+  a.a_row_stride = a_row_stride;
+  a.dy_row_stride = dy_row_stride;
+  a.scale = static_cast<acc_t<T>>(scale);
+  a.log = log;
+  a.q_len = 1;
+  return a;
+}
+
+}  // namespace
+
+cudaError_t launch_softmax_fwd(const SoftmaxParams& p, DType dtype, cudaStream_t stream) {
+  if (p.rows == 0 || p.cols == 0) return cudaSuccess;
+  return FUSEDOPS_DISPATCH_FLOAT_TYPES(dtype, T, [&] {
+    const auto args = forward_args<T>(p.x, p.y, p.rows, p.cols, p.x_row_stride, p.scale, p.log);
+    const bool aligned = rows_aligned(p.x, p.x_row_stride, sizeof(T)) && is_aligned(p.y, 16);
+    const Plan plan = make_plan<T>(p.cols, aligned, 1);
+    return dispatch_plan<T>(plan, ForwardLaunch<T, false>{args, plan, stream});
+  });
+}
+
+cudaError_t launch_softmax_bwd(const SoftmaxBackwardParams& p, DType dtype, cudaStream_t stream) {
+  if (p.rows == 0 || p.cols == 0) return cudaSuccess;
+  return FUSEDOPS_DISPATCH_FLOAT_TYPES(dtype, T, [&] {
+    const auto args = backward_args<T>(p.y, p.dy, p.dx, p.rows, p.cols, p.y_row_stride, p.dy_row_stride, p.scale, p.log);
+    const bool aligned = rows_aligned(p.y, p.y_row_stride, sizeof(T)) &&
+                         rows_aligned(p.dy, p.dy_row_stride, sizeof(T)) && is_aligned(p.dx, 16);
+    const Plan plan = make_plan<T>(p.cols, aligned, 2);
+    return dispatch_plan<T>(plan, BackwardLaunch<T, false>{args, plan, stream});
+  });
+}
+
+cudaError_t launch_masked_softmax_fwd(const MaskedSoftmaxParams& p, DType dtype, cudaStream_t stream) {
+  if (p.rows == 0 || p.cols == 0) return cudaSuccess;
+  return FUSEDOPS_DISPATCH_FLOAT_TYPES(dtype, T, [&] {
+    auto args = forward_args<T>(p.x, p.out, p.rows, p.cols, p.x_row_stride, p.scale, false);
+    args.lse = static_cast<decltype(args.lse)>(p.lse);
+    args.rng_state = p.rng_state;
+    args.q_len = p.q_len;
+    args.mask = p.mask;
+    args.causal = p.causal;
+    args.dropout = p.dropout;
+    args.threshold = dropout_threshold(p.p);
+    args.keep_scale = static_cast<acc_t<T>>(1.0 / (1.0 - p.p));
+    args.philox = p.philox;
+    const bool aligned = rows_aligned(p.x, p.x_row_stride, sizeof(T)) && is_aligned(p.out, 16);
+    const Plan plan = make_plan<T>(p.cols, aligned, 1);
+    return dispatch_plan<T>(plan, ForwardLaunch<T, true>{args, plan, stream});
+  });
+}
+
+cudaError_t launch_masked_softmax_bwd(const MaskedSoftmaxBackwardParams& p, DType dtype, cudaStream_t stream) {
+  if (p.rows == 0 || p.cols == 0) return cudaSuccess;
+  return FUSEDOPS_DISPATCH_FLOAT_TYPES(dtype, T, [&] {
+    auto args = backward_args<T>(p.x, p.dy, p.dx, p.rows, p.cols, p.x_row_stride, p.dy_row_stride, p.scale, false);
+    args.lse = static_cast<decltype(args.lse)>(p.lse);
+    args.rng_state = p.rng_state;
+    args.q_len = p.q_len;
+    args.mask = p.mask;
+    args.causal = p.causal;
+    args.dropout = p.dropout;
+    args.threshold = dropout_threshold(p.p);
+    args.keep_scale = static_cast<acc_t<T>>(1.0 / (1.0 - p.p));
+    const bool aligned = rows_aligned(p.x, p.x_row_stride, sizeof(T)) &&
+                         rows_aligned(p.dy, p.dy_row_stride, sizeof(T)) && is_aligned(p.dx, 16);
+    const Plan plan = make_plan<T>(p.cols, aligned, 2);
+    return dispatch_plan<T>(plan, BackwardLaunch<T, true>{args, plan, stream});
+  });
+}
+
+}  // namespace fusedops
