@@ -1,9 +1,12 @@
 // Softmax family kernels. A row is handled by a group of G threads: G <= 32 is a sub-warp (several
 // rows per block, __shfl_xor_sync reductions), G > 32 is a whole block (block reductions).
 //
-// Two row strategies:
+// Row strategies:
 // - register rows (cols <= G * ITEMS * VEC, 16-byte aligned rows): each thread keeps its
 //   ITEMS vectors of VEC elements in registers as fp32, so the row is read from HBM once;
+// - cluster rows (sm_90, cols up to 16x that of a 1024-thread block): the row is split over a
+//   thread-block cluster of CLUSTER blocks, each keeping its slice in registers; the blocks
+//   combine their max and sum through distributed shared memory, so the row is still read once;
 // - streamed rows (longer rows, odd sizes, unaligned views, fp64): two passes over the row, an
 //   online max + sum (or the backward's dot product) and then the output. The first pass may
 //   stage the row in shared memory (CACHE) so the second reads it from there; otherwise the
@@ -16,6 +19,8 @@
 #include <limits>
 #include <type_traits>
 
+#include <cooperative_groups.h>
+
 #include "../common/dispatch.cuh"
 #include "../common/philox.cuh"
 #include "../common/reduce.cuh"
@@ -25,10 +30,14 @@
 namespace fusedops {
 namespace {
 
+namespace cg = cooperative_groups;
+
 constexpr int kSmallGroupBlock = 128;  // block size when a row takes at most one warp
 constexpr int kRegisterElems = 16;     // elements of a row one thread keeps in registers
 constexpr int kStreamUnroll = 4;       // vectors loaded before any is used in streamed rows
 constexpr int kStreamThreads = 512;    // threads per row for long streamed rows (128 registers each)
+constexpr int kClusterThreads = 1024;  // threads per block of a cluster row
+constexpr int kMaxCluster = 16;        // blocks per cluster (above 8 is a non-portable size)
 constexpr int kMaxCacheBytes = 96 * 1024;       // shared memory staging of a streamed row
 constexpr int64_t kL2InFlightBytes = 32 << 20;  // rows in flight that the L2 (60 MB) should hold
 
@@ -50,24 +59,55 @@ __device__ __forceinline__ A group_reduce(A value, Op op, A identity, A* scratch
   }
 }
 
-// The rows a group visits: a grid-stride loop whose trip count is uniform across the block, so
-// every thread reaches every reduction; `valid` says whether the group's row exists.
-template <int G> struct RowCursor {
+// The rows a group visits: a grid-stride loop whose trip count is uniform across the block (and
+// the cluster), so every thread reaches every reduction; `valid` says whether the group's row
+// exists. With CLUSTER > 1 the CLUSTER consecutive blocks of a cluster share each row, block
+// `rank` holding its rank-th slice.
+template <int G, int CLUSTER = 1> struct RowCursor {
   static constexpr int kRowsPerBlock = G <= 32 ? kSmallGroupBlock / G : 1;
   __device__ static int lane() { return G <= 32 ? threadIdx.x % G : threadIdx.x; }
-  __device__ static int64_t first() { return static_cast<int64_t>(blockIdx.x) * kRowsPerBlock; }
-  __device__ static int64_t step() { return static_cast<int64_t>(gridDim.x) * kRowsPerBlock; }
+  __device__ static int rank() { return blockIdx.x % CLUSTER; }
+  __device__ static int64_t first() { return static_cast<int64_t>(blockIdx.x / CLUSTER) * kRowsPerBlock; }
+  __device__ static int64_t step() { return static_cast<int64_t>(gridDim.x / CLUSTER) * kRowsPerBlock; }
   __device__ static int64_t row(int64_t base) { return base + threadIdx.x / (G <= 32 ? G : blockDim.x); }
 };
+
+// Reduces over the whole row: the group, then with CLUSTER > 1 the cluster's blocks, each block
+// publishing its value in `slot` (its own shared memory) and reading every block's through
+// distributed shared memory. All blocks combine the values in the same order, so they agree
+// bit for bit. A slot is rewritten only after the next cluster barrier, once every block has
+// read it; the kernel ends with a cluster barrier so no block exits while its slot is read.
+template <int G, int CLUSTER, typename A, class Op>
+__device__ __forceinline__ A row_reduce(A value, Op op, A identity, A* scratch, A* slot) {
+  value = group_reduce<G>(value, op, identity, scratch);
+  if constexpr (CLUSTER > 1) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+    cg::cluster_group cluster = cg::this_cluster();
+    if (threadIdx.x == 0) *slot = value;
+    cluster.sync();
+    const int lane = threadIdx.x % 32;
+    value = warp_reduce(lane < CLUSTER ? *cluster.map_shared_rank(slot, lane) : identity, op);
+#endif
+  }
+  return value;
+}
+
+template <int CLUSTER> __device__ __forceinline__ void cluster_exit_barrier() {
+  if constexpr (CLUSTER > 1) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+    cg::this_cluster().sync();
+#endif
+  }
+}
 
 // Max and sum of exp(logit - max) of one row, turned into what the outputs need.
 template <typename A> struct RowStats {
   A max;      // 0 for a row with no finite logit, so exp(-inf - max) = 0
   A inv_sum;  // 0 for a fully masked row: its probabilities are 0
   A log_sum;
-  bool empty;
+  bool empty;  // NaN sums (a +inf or NaN logit) are not empty: NaN propagates as in torch
   __device__ RowStats(A m, A s)
-      : max(m == neg_inf<A>() ? A(0) : m), inv_sum(s > A(0) ? A(1) / s : A(0)), log_sum(log_acc(s)), empty(!(s > A(0))) {}
+      : max(m == neg_inf<A>() ? A(0) : m), inv_sum(s == A(0) ? A(0) : A(1) / s), log_sum(log_acc(s)), empty(s == A(0)) {}
   __device__ A prob(A logit) const { return exp_acc(logit - max) * inv_sum; }
   __device__ A log_prob(A logit) const { return empty ? neg_inf<A>() : logit - max - log_sum; }
   // Log-sum-exp saved for the backward: +inf for a fully masked row, so exp(logit - lse) = 0.
@@ -252,12 +292,14 @@ template <typename T, bool MASKED> struct BackwardRow {
 
 // ---- register rows ---------------------------------------------------------------------------
 
-template <typename T, int G, int ITEMS, int VEC, bool MASKED>
+template <typename T, int G, int ITEMS, int VEC, bool MASKED, int CLUSTER>
 __global__ void __launch_bounds__(block_threads(G)) register_forward_kernel(ForwardArgs<T> a) {
   using A = acc_t<T>;
-  using Cursor = RowCursor<G>;
+  using Cursor = RowCursor<G, CLUSTER>;
   __shared__ A scratch[32];
+  __shared__ A slots[2];
   const int lane = Cursor::lane();
+  const int64_t slice = static_cast<int64_t>(Cursor::rank()) * G * ITEMS * VEC;
   for (int64_t base = Cursor::first(); base < a.rows; base += Cursor::step()) {
     const int64_t row = Cursor::row(base);
     const bool valid = row < a.rows;
@@ -266,7 +308,7 @@ __global__ void __launch_bounds__(block_threads(G)) register_forward_kernel(Forw
     A max = neg_inf<A>();
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
-      const int64_t c0 = static_cast<int64_t>(i * G + lane) * VEC;
+      const int64_t c0 = slice + static_cast<int64_t>(i * G + lane) * VEC;
       if (valid && c0 < a.cols) {
         const auto v = load_vector<T, VEC>(a.x + row * a.x_row_stride + c0);
 #pragma unroll
@@ -279,7 +321,7 @@ __global__ void __launch_bounds__(block_threads(G)) register_forward_kernel(Forw
         for (int j = 0; j < VEC; ++j) logits[i][j] = neg_inf<A>();
       }
     }
-    max = group_reduce<G>(max, MaxOp{}, neg_inf<A>(), scratch);
+    max = row_reduce<G, CLUSTER>(max, MaxOp{}, neg_inf<A>(), scratch, &slots[0]);
     const A shift = max == neg_inf<A>() ? A(0) : max;
     // softmax keeps exp(logit - max) in place of the logit; log_softmax keeps the logit.
     const bool keep_exps = MASKED || !a.log;
@@ -292,11 +334,11 @@ __global__ void __launch_bounds__(block_threads(G)) register_forward_kernel(Forw
         sum += e;
         if (keep_exps) logits[i][j] = e;
       }
-    sum = group_reduce<G>(sum, SumOp{}, A(0), scratch);
+    sum = row_reduce<G, CLUSTER>(sum, SumOp{}, A(0), scratch, &slots[1]);
     const RowStats<A> stats(max, sum);
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
-      const int64_t c0 = static_cast<int64_t>(i * G + lane) * VEC;
+      const int64_t c0 = slice + static_cast<int64_t>(i * G + lane) * VEC;
       if (valid && c0 < a.cols) {
         if (keep_exps) {
           ctx.template store<VEC, true>(a, row, c0, logits[i], stats);
@@ -305,16 +347,19 @@ __global__ void __launch_bounds__(block_threads(G)) register_forward_kernel(Forw
         }
       }
     }
-    if (valid && lane == 0) ctx.finish(a, row, stats);
+    if (valid && lane == 0 && Cursor::rank() == 0) ctx.finish(a, row, stats);
   }
+  cluster_exit_barrier<CLUSTER>();
 }
 
-template <typename T, int G, int ITEMS, int VEC, bool MASKED>
+template <typename T, int G, int ITEMS, int VEC, bool MASKED, int CLUSTER>
 __global__ void __launch_bounds__(block_threads(G)) register_backward_kernel(BackwardArgs<T> a) {
   using A = acc_t<T>;
-  using Cursor = RowCursor<G>;
+  using Cursor = RowCursor<G, CLUSTER>;
   __shared__ A scratch[32];
+  __shared__ A slots[1];
   const int lane = Cursor::lane();
+  const int64_t slice = static_cast<int64_t>(Cursor::rank()) * G * ITEMS * VEC;
   for (int64_t base = Cursor::first(); base < a.rows; base += Cursor::step()) {
     const int64_t row = Cursor::row(base);
     const bool valid = row < a.rows;
@@ -323,7 +368,7 @@ __global__ void __launch_bounds__(block_threads(G)) register_backward_kernel(Bac
     A sum = 0;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
-      const int64_t c0 = static_cast<int64_t>(i * G + lane) * VEC;
+      const int64_t c0 = slice + static_cast<int64_t>(i * G + lane) * VEC;
       if (valid && c0 < a.cols) {
         const auto va = load_vector<T, VEC>(a.a + row * a.a_row_stride + c0);
         const auto vdy = load_vector<T, VEC>(a.dy + row * a.dy_row_stride + c0);
@@ -332,10 +377,10 @@ __global__ void __launch_bounds__(block_threads(G)) register_backward_kernel(Bac
         for (int j = 0; j < VEC; ++j) sum += ctx.partial(a, y[i][j], g[i][j]);
       }
     }
-    sum = group_reduce<G>(sum, SumOp{}, A(0), scratch);
+    sum = row_reduce<G, CLUSTER>(sum, SumOp{}, A(0), scratch, &slots[0]);
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
-      const int64_t c0 = static_cast<int64_t>(i * G + lane) * VEC;
+      const int64_t c0 = slice + static_cast<int64_t>(i * G + lane) * VEC;
       if (valid && c0 < a.cols) {
         AlignedVector<T, VEC> v;
 #pragma unroll
@@ -344,12 +389,14 @@ __global__ void __launch_bounds__(block_threads(G)) register_backward_kernel(Bac
       }
     }
   }
+  cluster_exit_barrier<CLUSTER>();
 }
 
 // ---- streamed rows ---------------------------------------------------------------------------
 
 // Calls f(c0, vector) for each of the thread's vectors of the row, kStreamUnroll loads in flight.
-// With CACHE the vectors come from (and, on the first pass, go to) the row's shared-memory copy.
+// With CACHE the vectors come from (and, on the first pass, go to) the row's shared-memory copy;
+// each thread reads back only what it wrote, so the copy needs no barrier.
 template <int G, int VEC, bool CACHE, bool FILL, typename T, class F>
 __device__ __forceinline__ void stream_row(const T* src, T* cache, int64_t cols, F f) {
   const int lane = RowCursor<G>::lane();
@@ -415,7 +462,6 @@ __global__ void __launch_bounds__(block_threads(G)) streamed_forward_kernel(Forw
       ctx.template store<VEC, false>(a, row, c0, logits, stats);
     });
     if (valid && Cursor::lane() == 0) ctx.finish(a, row, stats);
-    if (CACHE) __syncthreads();  // the next row's first pass overwrites the cache
   }
 }
 
@@ -476,18 +522,19 @@ __global__ void __launch_bounds__(block_threads(G)) streamed_backward_kernel(Bac
       for (int j = 0; j < VEC; ++j) v.val[j] = from_acc<T>(ctx.grad(a, y[j], g[j], sum));
       store_vector<T, VEC>(a.dx + row * a.cols + c0, v);
     });
-    if (CACHE) __syncthreads();
   }
 }
 
 // ---- launch ----------------------------------------------------------------------------------
 
-int sm_count() {
-  int device = 0, count = 0;
+int device_attribute(cudaDeviceAttr attribute) {
+  int device = 0, value = 0;
   cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
-  return std::max(count, 1);
+  cudaDeviceGetAttribute(&value, attribute, device);
+  return value;
 }
+
+int sm_count() { return std::max(device_attribute(cudaDevAttrMultiProcessorCount), 1); }
 
 // Blocks for a grid-stride loop over rows.
 int64_t row_blocks(int64_t rows, int group) {
@@ -500,14 +547,15 @@ struct Plan {
   bool vectorized;  // 16-byte accesses: aligned pointers, row strides and cols multiples of VEC
   int group;        // threads per row
   int items;        // register rows: vectors per thread; 0 for streamed rows
-  bool cache;       // streamed rows staged in shared memory
+  int cluster;      // blocks per row of cluster rows, else 1
+  bool cache;       // streamed rows staged in shared memory (also the fallback of cluster rows)
   size_t cache_bytes;
 };
 
 template <typename T>
 Plan make_plan(int64_t cols, bool aligned, int tensors) {
   constexpr int kVec = kVec16<T>;
-  Plan plan{false, 32, 0, false, 0};
+  Plan plan{false, 32, 0, 1, false, 0};
   plan.vectorized = aligned && cols % kVec == 0 && !std::is_same<T, double>::value;
   if (!plan.vectorized) {
     plan.group = cols <= 1024 ? 32 : kStreamThreads;
@@ -527,6 +575,13 @@ Plan make_plan(int64_t cols, bool aligned, int tensors) {
   plan.cache_bytes = static_cast<size_t>(cols) * sizeof(T) * tensors;
   plan.cache = plan.cache_bytes <= static_cast<size_t>(kMaxCacheBytes);
   if (!plan.cache) plan.cache_bytes = 0;
+  const int64_t per_block = per_thread * kClusterThreads;
+  if (device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9 && cols <= per_block * kMaxCluster) {
+    int cluster = 2;
+    while (cluster * per_block < cols) cluster *= 2;
+    plan.cluster = cluster;
+    plan.items = kItems;
+  }
   return plan;
 }
 
@@ -550,13 +605,52 @@ cudaError_t launch_streamed(Kernel kernel, const Args& args, const Plan& plan, i
   return cudaGetLastError();
 }
 
-// Instantiates and launches the kernel of a plan: Launch::register_rows<G, ITEMS, VEC>() or
-// Launch::streamed<G, VEC, CACHE>().
+// Launches `cluster` blocks per row (a cluster each); cudaErrorNotSupported, with no launch and
+// no error left behind, when the device cannot co-schedule such a cluster.
+template <class Kernel, class Args>
+cudaError_t launch_clusters(Kernel kernel, const Args& args, int cluster, cudaStream_t stream) {
+  const int64_t clusters = std::min<int64_t>(args.rows, (int64_t(1) << 30) / cluster);
+  cudaLaunchAttribute attribute;
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = cluster;
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(clusters * cluster));
+  config.blockDim = dim3(kClusterThreads);
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  int active = 0;
+  if ((cluster > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) ||
+      cudaOccupancyMaxActiveClusters(&active, kernel, &config) != cudaSuccess || active == 0) {
+    cudaGetLastError();  // clear the query's error: the caller falls back
+    return cudaErrorNotSupported;
+  }
+  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, args);
+  return err != cudaSuccess ? err : cudaGetLastError();
+}
+
+// Instantiates and launches the kernel of a plan: Launch::register_rows<G, ITEMS, VEC>(),
+// Launch::cluster_rows<CLUSTER, ITEMS, VEC>() or Launch::streamed<G, VEC, CACHE>().
 template <typename T, class Launch>
 cudaError_t dispatch_plan(const Plan& plan, Launch launch) {
   constexpr int kVec = kVec16<T>;
   constexpr int kItems = kRegisterElems / kVec;
-  if (plan.items > 0) {
+  if (plan.cluster > 1) {
+    cudaError_t err = cudaErrorNotSupported;
+    if constexpr (!std::is_same<T, double>::value) {
+      switch (plan.cluster) {
+        case 2: err = launch.template cluster_rows<2, kItems, kVec>(); break;
+        case 4: err = launch.template cluster_rows<4, kItems, kVec>(); break;
+        case 8: err = launch.template cluster_rows<8, kItems, kVec>(); break;
+        case 16: err = launch.template cluster_rows<16, kItems, kVec>(); break;
+        default: break;
+      }
+    }
+    if (err != cudaErrorNotSupported) return err;
+    // The device cannot hold such a cluster: stream the row instead.
+  } else if (plan.items > 0) {
     if constexpr (!std::is_same<T, double>::value) {
       switch (plan.group) {
         case 4: return launch.template register_rows<4, kItems, kVec>();
@@ -589,9 +683,13 @@ template <typename T, bool MASKED> struct ForwardLaunch {
   const Plan& plan;
   cudaStream_t stream;
   template <int G, int ITEMS, int VEC> cudaError_t register_rows() const {
-    register_forward_kernel<T, G, ITEMS, VEC, MASKED>
+    register_forward_kernel<T, G, ITEMS, VEC, MASKED, 1>
         <<<static_cast<unsigned>(row_blocks(args.rows, G)), block_threads(G), 0, stream>>>(args);
     return cudaGetLastError();
+  }
+  template <int CLUSTER, int ITEMS, int VEC> cudaError_t cluster_rows() const {
+    return launch_clusters(register_forward_kernel<T, kClusterThreads, ITEMS, VEC, MASKED, CLUSTER>, args, CLUSTER,
+                           stream);
   }
   template <int G, int VEC, bool CACHE> cudaError_t streamed() const {
     return launch_streamed(streamed_forward_kernel<T, G, VEC, MASKED, CACHE>, args, plan,
@@ -604,9 +702,13 @@ template <typename T, bool MASKED> struct BackwardLaunch {
   const Plan& plan;
   cudaStream_t stream;
   template <int G, int ITEMS, int VEC> cudaError_t register_rows() const {
-    register_backward_kernel<T, G, ITEMS, VEC, MASKED>
+    register_backward_kernel<T, G, ITEMS, VEC, MASKED, 1>
         <<<static_cast<unsigned>(row_blocks(args.rows, G)), block_threads(G), 0, stream>>>(args);
     return cudaGetLastError();
+  }
+  template <int CLUSTER, int ITEMS, int VEC> cudaError_t cluster_rows() const {
+    return launch_clusters(register_backward_kernel<T, kClusterThreads, ITEMS, VEC, MASKED, CLUSTER>, args, CLUSTER,
+                           stream);
   }
   template <int G, int VEC, bool CACHE> cudaError_t streamed() const {
     return launch_streamed(streamed_backward_kernel<T, G, VEC, MASKED, CACHE>, args, plan,
