@@ -234,7 +234,7 @@ def test_dim_other_than_last(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cols", [9, 256, 4096, 40000])
 def test_infinities_and_large_inputs(dtype, cols):
-    big = 3e4 if dtype == torch.float16 else 1e30
+    big = 1e4 if dtype == torch.float16 else 1e30  # fp16 tops out at 65504
     x = torch.randn(4, cols, dtype=torch.float32, device="cuda") * big
     x = x.to(dtype)
     x[1, ::3] = float("-inf")  # -inf entries get probability 0

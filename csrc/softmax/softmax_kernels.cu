@@ -87,6 +87,8 @@ __device__ __forceinline__ A row_reduce(A value, Op op, A identity, A* scratch, 
     cluster.sync();
     const int lane = threadIdx.x % 32;
     value = warp_reduce(lane < CLUSTER ? *cluster.map_shared_rank(slot, lane) : identity, op);
+#else
+    __trap();  // the host picks cluster rows only on sm_90 devices, which run sm_90 code
 #endif
   }
   return value;
