@@ -125,6 +125,9 @@ template <typename T> struct MaskRow {
   int64_t last_visible;  // causal: columns past the query index are masked
   MaskKind kind;
 
+  // Every column from c0 on is hidden by the causal mask: nothing there needs reading.
+  __device__ __forceinline__ bool hidden_from(int64_t c0) const { return c0 > last_visible; }
+
   __device__ __forceinline__ acc_t<T> logit(int64_t col, acc_t<T> scaled) const {
     if (col > last_visible) return neg_inf<acc_t<T>>();
     if (kind == MaskKind::Bool) {
@@ -210,6 +213,10 @@ template <typename T, bool MASKED> struct ForwardRow {
       if (a.dropout) key = unpack_philox(a.philox);
     }
   }
+  __device__ __forceinline__ bool hidden_from(int64_t c0) const {
+    if constexpr (MASKED) return mask.hidden_from(c0);
+    return false;
+  }
   __device__ __forceinline__ acc_t<T> logit(const ForwardArgs<T>& a, int64_t col, T x) const {
     const acc_t<T> scaled = to_acc(x) * a.scale;
     if constexpr (MASKED) return mask.logit(col, scaled);
@@ -265,6 +272,10 @@ template <typename T, bool MASKED> struct BackwardRow {
       if (a.dropout) key = {static_cast<uint64_t>(a.rng_state[0]), static_cast<uint64_t>(a.rng_state[1])};
     }
   }
+  __device__ __forceinline__ bool hidden_from(int64_t c0) const {
+    if constexpr (MASKED) return mask.hidden_from(c0);
+    return false;
+  }
   template <int VEC>
   __device__ __forceinline__ void prepare(const BackwardArgs<T>& a, int64_t row, int64_t c0, const AlignedVector<T, VEC>& va,
                           const AlignedVector<T, VEC>& vdy, acc_t<T> (&y)[VEC], acc_t<T> (&g)[VEC]) const {
@@ -311,7 +322,8 @@ __global__ void __launch_bounds__(block_threads(G)) register_forward_kernel(Forw
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int64_t c0 = slice + static_cast<int64_t>(i * G + lane) * VEC;
-      if (valid && c0 < a.cols) {
+      // Vectors hidden by the causal mask are not read: their probabilities are 0.
+      if (valid && c0 < a.cols && !ctx.hidden_from(c0)) {
         const auto v = load_vector<T, VEC>(a.x + row * a.x_row_stride + c0);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
@@ -371,12 +383,16 @@ __global__ void __launch_bounds__(block_threads(G)) register_backward_kernel(Bac
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int64_t c0 = slice + static_cast<int64_t>(i * G + lane) * VEC;
-      if (valid && c0 < a.cols) {
+      // Vectors hidden by the causal mask are not read: y = 0 there, so dx = 0.
+      if (valid && c0 < a.cols && !ctx.hidden_from(c0)) {
         const auto va = load_vector<T, VEC>(a.a + row * a.a_row_stride + c0);
         const auto vdy = load_vector<T, VEC>(a.dy + row * a.dy_row_stride + c0);
         ctx.template prepare<VEC>(a, row, c0, va, vdy, y[i], g[i]);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) sum += ctx.partial(a, y[i][j], g[i][j]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) y[i][j] = g[i][j] = A(0);
       }
     }
     sum = row_reduce<G, CLUSTER>(sum, SumOp{}, A(0), scratch, &slots[0]);
@@ -597,7 +613,10 @@ cudaError_t launch_streamed(Kernel kernel, const Args& args, const Plan& plan, i
       if (err != cudaSuccess) return err;
     }
     int per_sm = 1;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, plan.group, plan.cache_bytes);
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, plan.group, plan.cache_bytes) != cudaSuccess) {
+      cudaGetLastError();  // only a sizing hint: clear it and assume one block per SM
+      per_sm = 1;
+    }
     const int sms = sm_count();
     // Without the cache the second pass re-reads the row: keep the rows in flight within L2.
     const int64_t fit = plan.cache ? per_sm : std::max<int64_t>(1, kL2InFlightBytes / (sms * std::max<int64_t>(row_bytes, 1)));
