@@ -45,8 +45,14 @@ __host__ __device__ constexpr int block_threads(int group) { return group <= 32 
 
 template <typename A> __device__ __forceinline__ A neg_inf() { return -std::numeric_limits<A>::infinity(); }
 template <typename A> __device__ __forceinline__ A pos_inf() { return std::numeric_limits<A>::infinity(); }
-__device__ __forceinline__ float exp_acc(float v) { return expf(v); }
-__device__ __forceinline__ double exp_acc(double v) { return exp(v); }
+// exp for inputs of type T: the fast intrinsic (one multiply and MUFU.EX2, a few ulp) for 16-bit
+// types, whose output rounding is ~1000x coarser, so the kernels stay memory-bound there;
+// the accurate expf / exp for fp32 and fp64.
+template <typename T> __device__ __forceinline__ acc_t<T> exp_acc(acc_t<T> v) {
+  if constexpr (sizeof(T) == 2) return __expf(v);
+  else if constexpr (std::is_same<acc_t<T>, float>::value) return expf(v);
+  else return exp(v);
+}
 __device__ __forceinline__ float log_acc(float v) { return logf(v); }
 __device__ __forceinline__ double log_acc(double v) { return log(v); }
 
@@ -103,14 +109,14 @@ template <int CLUSTER> __device__ __forceinline__ void cluster_exit_barrier() {
 }
 
 // Max and sum of exp(logit - max) of one row, turned into what the outputs need.
-template <typename A> struct RowStats {
+template <typename T, typename A = acc_t<T>> struct RowStats {
   A max;      // 0 for a row with no finite logit, so exp(-inf - max) = 0
   A inv_sum;  // 0 for a fully masked row: its probabilities are 0
   A log_sum;
   bool empty;  // NaN sums (a +inf or NaN logit) are not empty: NaN propagates as in torch
   __device__ RowStats(A m, A s)
       : max(m == neg_inf<A>() ? A(0) : m), inv_sum(s == A(0) ? A(0) : A(1) / s), log_sum(log_acc(s)), empty(s == A(0)) {}
-  __device__ A prob(A logit) const { return exp_acc(logit - max) * inv_sum; }
+  __device__ A prob(A logit) const { return exp_acc<T>(logit - max) * inv_sum; }
   __device__ A log_prob(A logit) const { return empty ? neg_inf<A>() : logit - max - log_sum; }
   // Log-sum-exp saved for the backward: +inf for a fully masked row, so exp(logit - lse) = 0.
   __device__ A lse() const { return empty ? pos_inf<A>() : max + log_sum; }
@@ -226,7 +232,7 @@ template <typename T, bool MASKED> struct ForwardRow {
   // kExps (and never for log_softmax) the exp(logit - stats.max) already computed.
   template <int VEC, bool kExps>
   __device__ __forceinline__ void store(const ForwardArgs<T>& a, int64_t row, int64_t c0, const acc_t<T> (&values)[VEC],
-                        const RowStats<acc_t<T>>& stats) const {
+                        const RowStats<T>& stats) const {
     AlignedVector<T, VEC> v;
     uint32_t keep = ~0u;
     if constexpr (MASKED) {
@@ -245,7 +251,7 @@ template <typename T, bool MASKED> struct ForwardRow {
     }
     store_vector<T, VEC>(a.out + row * a.cols + c0, v);
   }
-  __device__ __forceinline__ void finish(const ForwardArgs<T>& a, int64_t row, const RowStats<acc_t<T>>& stats) const {
+  __device__ __forceinline__ void finish(const ForwardArgs<T>& a, int64_t row, const RowStats<T>& stats) const {
     if constexpr (MASKED) {
       a.lse[row] = stats.lse();
       if (a.dropout && row == 0) {  // one thread records the stream position for the backward
@@ -283,7 +289,7 @@ template <typename T, bool MASKED> struct BackwardRow {
       const uint32_t keep = a.dropout ? keep_bits<VEC>(key, a.threshold, row * a.cols + c0) : ~0u;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        y[j] = exp_acc(mask.logit(c0 + j, to_acc(va.val[j]) * a.scale) - lse);
+        y[j] = exp_acc<T>(mask.logit(c0 + j, to_acc(va.val[j]) * a.scale) - lse);
         const acc_t<T> dy = to_acc(vdy.val[j]);
         g[j] = a.dropout ? ((keep >> j) & 1u ? dy * a.keep_scale : acc_t<T>(0)) : dy;
       }
@@ -299,7 +305,7 @@ template <typename T, bool MASKED> struct BackwardRow {
     return !MASKED && a.log ? g : g * y;
   }
   __device__ __forceinline__ acc_t<T> grad(const BackwardArgs<T>& a, acc_t<T> y, acc_t<T> g, acc_t<T> sum) const {
-    return !MASKED && a.log ? a.scale * (g - exp_acc(y) * sum) : a.scale * y * (g - sum);
+    return !MASKED && a.log ? a.scale * (g - exp_acc<T>(y) * sum) : a.scale * y * (g - sum);
   }
 };
 
@@ -344,12 +350,12 @@ __global__ void __launch_bounds__(block_threads(G)) register_forward_kernel(Forw
     for (int i = 0; i < ITEMS; ++i)
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const A e = exp_acc(logits[i][j] - shift);
+        const A e = exp_acc<T>(logits[i][j] - shift);
         sum += e;
         if (keep_exps) logits[i][j] = e;
       }
     sum = row_reduce<G, CLUSTER>(sum, SumOp{}, A(0), scratch, &slots[1]);
-    const RowStats<A> stats(max, sum);
+    const RowStats<T> stats(max, sum);
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int64_t c0 = slice + static_cast<int64_t>(i * G + lane) * VEC;
@@ -461,18 +467,18 @@ __global__ void __launch_bounds__(block_threads(G)) streamed_forward_kernel(Forw
         vmax = logits[j] > vmax ? logits[j] : vmax;
       }
       if (vmax > max) {
-        sum *= exp_acc(max - vmax);
+        sum *= exp_acc<T>(max - vmax);
         max = vmax;
       }
       if (max != neg_inf<A>()) {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) sum += exp_acc(logits[j] - max);
+        for (int j = 0; j < VEC; ++j) sum += exp_acc<T>(logits[j] - max);
       }
     });
     const A row_max = group_reduce<G>(max, MaxOp{}, neg_inf<A>(), scratch);
-    sum = max == neg_inf<A>() ? A(0) : sum * exp_acc(max - row_max);
+    sum = max == neg_inf<A>() ? A(0) : sum * exp_acc<T>(max - row_max);
     sum = group_reduce<G>(sum, SumOp{}, A(0), scratch);
-    const RowStats<A> stats(row_max, sum);
+    const RowStats<T> stats(row_max, sum);
     stream_row<G, VEC, CACHE, false>(x, cache, cols, [&](int64_t c0, const AlignedVector<T, VEC>& v) {
       A logits[VEC];
 #pragma unroll
