@@ -143,6 +143,22 @@ template <typename T> struct MaskRow {
     }
     return scaled;
   }
+
+  // Masks VEC scaled logits starting at column c0, reading a bool mask with unit column stride
+  // as one aligned vector of VEC bytes where it can.
+  template <int VEC> __device__ __forceinline__ void apply(int64_t c0, acc_t<T> (&scaled)[VEC]) const {
+    const char* bytes = data + c0;
+    if (VEC > 1 && kind == MaskKind::Bool && col_stride_bytes == 1 && reinterpret_cast<uintptr_t>(bytes) % VEC == 0) {
+      const auto keep = load_vector<char, VEC>(bytes);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        if (!keep.val[j] || c0 + j > last_visible) scaled[j] = neg_inf<acc_t<T>>();
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) scaled[j] = logit(c0 + j, scaled[j]);
+    }
+  }
 };
 
 template <typename T>
@@ -223,10 +239,13 @@ template <typename T, bool MASKED> struct ForwardRow {
     if constexpr (MASKED) return mask.hidden_from(c0);
     return false;
   }
-  __device__ __forceinline__ acc_t<T> logit(const ForwardArgs<T>& a, int64_t col, T x) const {
-    const acc_t<T> scaled = to_acc(x) * a.scale;
-    if constexpr (MASKED) return mask.logit(col, scaled);
-    return scaled;
+  // The VEC logits of x[c0 ...]: scaled, then masked.
+  template <int VEC>
+  __device__ __forceinline__ void logits(const ForwardArgs<T>& a, int64_t c0, const AlignedVector<T, VEC>& x,
+                                         acc_t<T> (&out)[VEC]) const {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out[j] = to_acc(x.val[j]) * a.scale;
+    if constexpr (MASKED) mask.template apply<VEC>(c0, out);
   }
   // Stores the outputs of VEC elements starting at col c0 of `row`. `values` are logits, or with
   // kExps (and never for log_softmax) the exp(logit - stats.max) already computed.
@@ -288,8 +307,11 @@ template <typename T, bool MASKED> struct BackwardRow {
     if constexpr (MASKED) {
       const uint32_t keep = a.dropout ? keep_bits<VEC>(key, a.threshold, row * a.cols + c0) : ~0u;
 #pragma unroll
+      for (int j = 0; j < VEC; ++j) y[j] = to_acc(va.val[j]) * a.scale;
+      mask.template apply<VEC>(c0, y);
+#pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        y[j] = exp_acc<T>(mask.logit(c0 + j, to_acc(va.val[j]) * a.scale) - lse);
+        y[j] = exp_acc<T>(y[j] - lse);
         const acc_t<T> dy = to_acc(vdy.val[j]);
         g[j] = a.dropout ? ((keep >> j) & 1u ? dy * a.keep_scale : acc_t<T>(0)) : dy;
       }
@@ -331,11 +353,9 @@ __global__ void __launch_bounds__(block_threads(G)) register_forward_kernel(Forw
       // Vectors hidden by the causal mask are not read: their probabilities are 0.
       if (valid && c0 < a.cols && !ctx.hidden_from(c0)) {
         const auto v = load_vector<T, VEC>(a.x + row * a.x_row_stride + c0);
+        ctx.template logits<VEC>(a, c0, v, logits[i]);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          logits[i][j] = ctx.logit(a, c0 + j, v.val[j]);
-          max = logits[i][j] > max ? logits[i][j] : max;
-        }
+        for (int j = 0; j < VEC; ++j) max = logits[i][j] > max ? logits[i][j] : max;
       } else {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) logits[i][j] = neg_inf<A>();
@@ -460,12 +480,10 @@ __global__ void __launch_bounds__(block_threads(G)) streamed_forward_kernel(Forw
     A max = neg_inf<A>(), sum = 0;
     stream_row<G, VEC, CACHE, true>(x, cache, cols, [&](int64_t c0, const AlignedVector<T, VEC>& v) {
       A logits[VEC];
+      ctx.template logits<VEC>(a, c0, v, logits);
       A vmax = neg_inf<A>();
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        logits[j] = ctx.logit(a, c0 + j, v.val[j]);
-        vmax = logits[j] > vmax ? logits[j] : vmax;
-      }
+      for (int j = 0; j < VEC; ++j) vmax = logits[j] > vmax ? logits[j] : vmax;
       if (vmax > max) {
         sum *= exp_acc<T>(max - vmax);
         max = vmax;
@@ -481,8 +499,7 @@ __global__ void __launch_bounds__(block_threads(G)) streamed_forward_kernel(Forw
     const RowStats<T> stats(row_max, sum);
     stream_row<G, VEC, CACHE, false>(x, cache, cols, [&](int64_t c0, const AlignedVector<T, VEC>& v) {
       A logits[VEC];
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) logits[j] = ctx.logit(a, c0 + j, v.val[j]);
+      ctx.template logits<VEC>(a, c0, v, logits);
       ctx.template store<VEC, false>(a, row, c0, logits, stats);
     });
     if (valid && Cursor::lane() == 0) ctx.finish(a, row, stats);
