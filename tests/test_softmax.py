@@ -1,7 +1,6 @@
 """Softmax family: API and errors (CPU, run in CI), numerics, masks and dropout on the GPU."""
 import pytest
 import torch
-import torch.nn.functional as F
 from torch.library import opcheck
 
 import fusedops
@@ -263,6 +262,14 @@ def test_softmax_repeatable():
 # ---- masked_softmax ----------------------------------------------------------------------------
 
 
+def _keep_mask(shape, p_keep=0.7):
+    """A random bool mask that keeps key 0 of every row, so no row is fully masked and PyTorch's
+    own result (the yardstick) has no NaN."""
+    mask = torch.rand(shape, device="cuda") < p_keep
+    mask[..., 0] = True
+    return mask
+
+
 def _check_masked(x, mask, scale, causal, grad=None):
     grad = torch.randn_like(x) if grad is None else grad
     out, dx = _grads(lambda t: fusedops.masked_softmax(t, mask, scale=scale, causal=causal), x, grad)
@@ -287,15 +294,13 @@ def _mask_shapes(kind, lq, lk):
 @pytest.mark.parametrize("kind", ["bool", "additive", "none"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_masked_softmax_matches_reference(dtype, seq, kind, causal):
-    """Broadcast masks of several shapes, read through their strides; key 0 is always visible so
-    PyTorch's own result (the yardstick) has no NaN rows."""
+    """Broadcast masks of several shapes, read through their strides (0 along broadcast dims)."""
     lq, lk = seq
     x = torch.randn(2, 3, lq, lk, dtype=dtype, device="cuda")
     for shape in _mask_shapes(kind, lq, lk):
         mask = None
         if kind == "bool":
-            mask = torch.rand(shape, device="cuda") > 0.3
-            mask[..., 0] = True
+            mask = _keep_mask(shape)
         elif kind == "additive":
             mask = torch.randn(shape, dtype=dtype, device="cuda")
         _check_masked(x, mask, 0.6, causal)
@@ -305,9 +310,10 @@ def test_masked_softmax_matches_reference(dtype, seq, kind, causal):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_masked_softmax_many_rows_and_views(dtype):
     x = torch.randn(70000, 8, dtype=dtype, device="cuda")
-    _check_masked(x, torch.rand(8, device="cuda") > 0.5, 1.0, False)
+    mask = _keep_mask((8,))
+    _check_masked(x, mask, 1.0, False)
     x = torch.randn(2, 4, 300, 300, dtype=dtype, device="cuda")
-    mask = (torch.rand(1, 1, 300, 300, device="cuda") > 0.2).expand(2, 1, 300, 300)  # stride-0 view
+    mask = _keep_mask((1, 1, 300, 300)).expand(2, 1, 300, 300)  # stride-0 view
     grad = torch.randn(300, 2, 4, 300, dtype=dtype, device="cuda").permute(1, 2, 0, 3)  # non-contiguous
     _check_masked(x, mask, 0.125, True, grad)
     base = torch.randn(2, 4, 64, 130, dtype=dtype, device="cuda")
@@ -332,7 +338,7 @@ def test_masked_fully_masked_rows(dtype):
 def test_masked_small_cases_sanitizer():
     for dtype in (torch.float16, torch.float32):
         x = torch.randn(2, 3, 9, 33, dtype=dtype, device="cuda")
-        _check_masked(x, torch.rand(2, 1, 9, 33, device="cuda") > 0.3, 0.5, True)
+        _check_masked(x, _keep_mask((2, 1, 9, 33)), 0.5, True)
         x = torch.randn(1, 2, 4, 20000, dtype=dtype, device="cuda")
         _check_masked(x, torch.randn(1, 1, 1, 20000, dtype=dtype, device="cuda"), 1.0, False)
         y = fusedops.masked_softmax(x.requires_grad_(True), None, dropout_p=0.3)
