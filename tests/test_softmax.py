@@ -9,10 +9,10 @@ from conftest import assert_close_to_reference
 
 ops = torch.ops.fusedops
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-# Row lengths by the path they take: 1 and 7, 41, 1023, 4097 (no 16-byte vector fits: streamed
-# scalar rows), 8 and 128 (sub-warp groups), 1024 (a warp per row), 4096 and 16384 (a block per
-# row, in registers), 32768 (streamed, staged in shared memory), 65536 (streamed, second pass
-# from L2); plus a row count past 65535 (1-D grid over rows).
+# Row lengths by the path they take (on sm_90): 1, 7, 41, 1023, 4097 (no 16-byte vector fits:
+# streamed scalar rows), 8 and 128 (sub-warp groups), 1024 and 4096 (a block per row, in
+# registers), 16384, 32768, 65536 (clusters of 2, 4, 8 blocks); plus a row count past 65535 (1-D
+# grid over rows). LONG_SHAPES: 262144 (a cluster of 16), 1048576 (streamed, two passes).
 SHAPES = [(1,), (3, 7), (6, 41), (5, 1023), (4, 4097), (70000, 8), (3, 5, 128), (33, 1024), (2, 3, 4096),
           (7, 16384), (3, 32768), (2, 65536)]
 LONG_SHAPES = [(2, 262144), (1, 1048576)]

@@ -36,8 +36,11 @@ constexpr int kSmallGroupBlock = 128;  // block size when a row takes at most on
 constexpr int kRegisterElems = 16;     // elements of a row one thread keeps in registers
 constexpr int kStreamUnroll = 4;       // vectors loaded before any is used in streamed rows
 constexpr int kStreamThreads = 512;    // threads per row for long streamed rows (128 registers each)
-constexpr int kClusterThreads = 1024;  // threads per block of a cluster row
-constexpr int kMaxCluster = 16;        // blocks per cluster (above 8 is a non-portable size)
+// Cluster rows use 512-thread blocks, two per SM, so one block's loads overlap the other's
+// reductions; rows too long for 16 of them take 1024-thread blocks (one per SM).
+constexpr int kClusterThreads = 512;
+constexpr int kWideClusterThreads = 1024;
+constexpr int kMaxCluster = 16;  // blocks per cluster (above 8 is a non-portable size)
 constexpr int kMaxCacheBytes = 96 * 1024;       // shared memory staging of a streamed row
 constexpr int64_t kL2InFlightBytes = 32 << 20;  // rows in flight that the L2 (60 MB) should hold
 
@@ -589,6 +592,7 @@ struct Plan {
   int group;        // threads per row
   int items;        // register rows: vectors per thread; 0 for streamed rows
   int cluster;      // blocks per row of cluster rows, else 1
+  int cluster_threads;
   bool cache;       // streamed rows staged in shared memory (also the fallback of cluster rows)
   size_t cache_bytes;
 };
@@ -596,7 +600,7 @@ struct Plan {
 template <typename T>
 Plan make_plan(int64_t cols, bool aligned, int tensors) {
   constexpr int kVec = kVec16<T>;
-  Plan plan{false, 32, 0, 1, false, 0};
+  Plan plan{false, 32, 0, 1, 0, false, 0};
   plan.vectorized = aligned && cols % kVec == 0 && !std::is_same<T, double>::value;
   if (!plan.vectorized) {
     plan.group = cols <= 1024 ? 32 : kStreamThreads;
@@ -604,7 +608,8 @@ Plan make_plan(int64_t cols, bool aligned, int tensors) {
   }
   constexpr int kItems = kRegisterElems / kVec;
   const int64_t per_thread = kItems * kVec;
-  if (cols <= per_thread * 1024) {
+  const bool clusters = device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
+  if (cols <= per_thread * (clusters ? kClusterThreads : 1024)) {
     const int64_t threads = (cols + per_thread - 1) / per_thread;
     int group = 4;
     while (group < threads) group *= 2;
@@ -616,8 +621,9 @@ Plan make_plan(int64_t cols, bool aligned, int tensors) {
   plan.cache_bytes = static_cast<size_t>(cols) * sizeof(T) * tensors;
   plan.cache = plan.cache_bytes <= static_cast<size_t>(kMaxCacheBytes);
   if (!plan.cache) plan.cache_bytes = 0;
-  const int64_t per_block = per_thread * kClusterThreads;
-  if (device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9 && cols <= per_block * kMaxCluster) {
+  if (clusters && cols <= per_thread * kWideClusterThreads * kMaxCluster) {
+    plan.cluster_threads = cols <= per_thread * kClusterThreads * kMaxCluster ? kClusterThreads : kWideClusterThreads;
+    const int64_t per_block = per_thread * plan.cluster_threads;
     int cluster = 2;
     while (cluster * per_block < cols) cluster *= 2;
     plan.cluster = cluster;
@@ -652,7 +658,7 @@ cudaError_t launch_streamed(Kernel kernel, const Args& args, const Plan& plan, i
 // Launches `cluster` blocks per row (a cluster each); cudaErrorNotSupported, with no launch and
 // no error left behind, when the device cannot co-schedule such a cluster.
 template <class Kernel, class Args>
-cudaError_t launch_clusters(Kernel kernel, const Args& args, int cluster, cudaStream_t stream) {
+cudaError_t launch_clusters(Kernel kernel, const Args& args, int cluster, int threads, cudaStream_t stream) {
   const int64_t clusters = std::min<int64_t>(args.rows, (int64_t(1) << 30) / cluster);
   cudaLaunchAttribute attribute;
   attribute.id = cudaLaunchAttributeClusterDimension;
@@ -661,7 +667,7 @@ cudaError_t launch_clusters(Kernel kernel, const Args& args, int cluster, cudaSt
   attribute.val.clusterDim.z = 1;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(clusters * cluster));
-  config.blockDim = dim3(kClusterThreads);
+  config.blockDim = dim3(threads);
   config.stream = stream;
   config.attrs = &attribute;
   config.numAttrs = 1;
@@ -676,7 +682,7 @@ cudaError_t launch_clusters(Kernel kernel, const Args& args, int cluster, cudaSt
 }
 
 // Instantiates and launches the kernel of a plan: Launch::register_rows<G, ITEMS, VEC>(),
-// Launch::cluster_rows<CLUSTER, ITEMS, VEC>() or Launch::streamed<G, VEC, CACHE>().
+// Launch::cluster_rows<CLUSTER, G, ITEMS, VEC>() or Launch::streamed<G, VEC, CACHE>().
 template <typename T, class Launch>
 cudaError_t dispatch_plan(const Plan& plan, Launch launch) {
   constexpr int kVec = kVec16<T>;
@@ -684,12 +690,16 @@ cudaError_t dispatch_plan(const Plan& plan, Launch launch) {
   if (plan.cluster > 1) {
     cudaError_t err = cudaErrorNotSupported;
     if constexpr (!std::is_same<T, double>::value) {
-      switch (plan.cluster) {
-        case 2: err = launch.template cluster_rows<2, kItems, kVec>(); break;
-        case 4: err = launch.template cluster_rows<4, kItems, kVec>(); break;
-        case 8: err = launch.template cluster_rows<8, kItems, kVec>(); break;
-        case 16: err = launch.template cluster_rows<16, kItems, kVec>(); break;
-        default: break;
+      if (plan.cluster_threads == kWideClusterThreads) {
+        if (plan.cluster == kMaxCluster) err = launch.template cluster_rows<kMaxCluster, kWideClusterThreads, kItems, kVec>();
+      } else {
+        switch (plan.cluster) {
+          case 2: err = launch.template cluster_rows<2, kClusterThreads, kItems, kVec>(); break;
+          case 4: err = launch.template cluster_rows<4, kClusterThreads, kItems, kVec>(); break;
+          case 8: err = launch.template cluster_rows<8, kClusterThreads, kItems, kVec>(); break;
+          case 16: err = launch.template cluster_rows<16, kClusterThreads, kItems, kVec>(); break;
+          default: break;
+        }
       }
     }
     if (err != cudaErrorNotSupported) return err;
@@ -731,9 +741,8 @@ template <typename T, bool MASKED> struct ForwardLaunch {
         <<<static_cast<unsigned>(row_blocks(args.rows, G)), block_threads(G), 0, stream>>>(args);
     return cudaGetLastError();
   }
-  template <int CLUSTER, int ITEMS, int VEC> cudaError_t cluster_rows() const {
-    return launch_clusters(register_forward_kernel<T, kClusterThreads, ITEMS, VEC, MASKED, CLUSTER>, args, CLUSTER,
-                           stream);
+  template <int CLUSTER, int G, int ITEMS, int VEC> cudaError_t cluster_rows() const {
+    return launch_clusters(register_forward_kernel<T, G, ITEMS, VEC, MASKED, CLUSTER>, args, CLUSTER, G, stream);
   }
   template <int G, int VEC, bool CACHE> cudaError_t streamed() const {
     return launch_streamed(streamed_forward_kernel<T, G, VEC, MASKED, CACHE>, args, plan,
@@ -750,9 +759,8 @@ template <typename T, bool MASKED> struct BackwardLaunch {
         <<<static_cast<unsigned>(row_blocks(args.rows, G)), block_threads(G), 0, stream>>>(args);
     return cudaGetLastError();
   }
-  template <int CLUSTER, int ITEMS, int VEC> cudaError_t cluster_rows() const {
-    return launch_clusters(register_backward_kernel<T, kClusterThreads, ITEMS, VEC, MASKED, CLUSTER>, args, CLUSTER,
-                           stream);
+  template <int CLUSTER, int G, int ITEMS, int VEC> cudaError_t cluster_rows() const {
+    return launch_clusters(register_backward_kernel<T, G, ITEMS, VEC, MASKED, CLUSTER>, args, CLUSTER, G, stream);
   }
   template <int G, int VEC, bool CACHE> cudaError_t streamed() const {
     return launch_streamed(streamed_backward_kernel<T, G, VEC, MASKED, CACHE>, args, plan,
