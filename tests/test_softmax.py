@@ -119,6 +119,21 @@ def test_cpu_fully_masked_rows_give_zeros():
     _fully_masked_rows_check("cpu")
 
 
+def test_cpu_dropout_fraction_and_replay():
+    x = torch.randn(16, 64, 1024, dtype=torch.float64, requires_grad=True)  # 2^20 elements
+    torch.manual_seed(3)
+    out, lse, rng_state = ops.masked_softmax_fwd(x, None, 1.0, False, 0.3, True)
+    assert abs((out == 0).double().mean().item() - 0.3) < 0.01
+    torch.manual_seed(3)
+    assert torch.equal(ops.masked_softmax_fwd(x, None, 1.0, False, 0.3, True)[0], out)
+    keep = reference.dropout_keep_mask(x.shape, rng_state, 0.3)
+    grad = torch.randn_like(x)
+    (dx,) = torch.autograd.grad(out, x, grad)
+    y = torch.softmax(x.detach(), -1)
+    g = torch.where(keep, grad / 0.7, 0.0)
+    torch.testing.assert_close(dx, y * (g - (g * y).sum(-1, keepdim=True)))
+
+
 def _op_samples(device, dtype):
     x = torch.randn(4, 6, 12, dtype=dtype, device=device, requires_grad=True)
     mask = torch.rand(4, 1, 12, device=device) > 0.3
@@ -390,6 +405,22 @@ def test_dropout_matches_reference(dtype, lk):
     torch.testing.assert_close(out.double(), ref_out, atol=tol, rtol=tol)
     torch.testing.assert_close(dx.double(), ref_dx, atol=tol, rtol=tol)
     torch.testing.assert_close(lse.double(), ref_lse, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.gpu
+def test_dropout_under_cuda_graph_replay():
+    """Each replay of a captured dropout draws fresh numbers (seed and offset read at replay)."""
+    x = torch.randn(8, 64, 256, device="cuda")
+    with torch.no_grad():
+        fusedops.masked_softmax(x, dropout_p=0.5)  # warm up outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fusedops.masked_softmax(x, dropout_p=0.5)
+        graph.replay()
+        first = out.clone()
+        graph.replay()
+    assert not torch.equal(first == 0, out == 0)
+    assert abs((out == 0).float().mean().item() - 0.5) < 0.01
 
 
 @pytest.mark.gpu
