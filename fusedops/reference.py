@@ -65,11 +65,13 @@ def philox_words(numel, seed, offset):
 
 
 def dropout_keep_mask(shape, rng_state, p):
-    """The keep mask a dropout call with recorded rng_state = (seed, offset) applied."""
+    """The keep mask a dropout call with recorded rng_state = (seed, offset) applied: element i
+    draws the 16-bit half-word i % 8 (low half first) of Philox block i // 8."""
     seed, offset = (int(v) for v in rng_state.cpu().tolist())
     numel = int(np.prod(shape)) if len(shape) else 1
-    threshold = np.uint64(int(p * 4294967296.0))
-    keep = philox_words(numel, seed, offset) >= threshold
+    words = philox_words(4 * ((numel + 7) // 8), seed, offset)
+    draws = np.stack([words & np.uint64(0xFFFF), words >> np.uint64(16)], axis=1).reshape(-1)[:numel]
+    keep = draws >= np.uint64(int(p * 65536.0))
     return torch.from_numpy(keep).reshape(shape)
 
 
