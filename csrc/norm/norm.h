@@ -60,8 +60,9 @@ cudaError_t launch_layer_norm_bwd(const NormBwdParams& p, DType x_dtype, DType w
 cudaError_t launch_rms_norm_bwd(const NormBwdParams& p, DType x_dtype, DType w_dtype, cudaStream_t stream);
 
 // Number of blocks the backward launches for these operands: the row count of the partial
-// buffers. Depends on the current device (its SM count), the sizes and the operands' alignment;
-// the partial pointers are not read. Returns 0 for an unsupported dtype pair.
+// buffers. Depends on the current device (its SM count), the sizes, the operands' alignment and
+// which of dweight / dbias are requested; the partial pointers are not read. Returns 0 for an
+// unsupported dtype pair.
 int64_t norm_bwd_blocks(const NormBwdParams& p, DType x_dtype, DType w_dtype, bool rms);
 
 }  // namespace fusedops

@@ -340,33 +340,43 @@ __global__ void __launch_bounds__(kMaxThreads) norm_bwd_kernel(const NormBwdPara
   if (p.bias_partial != nullptr) write_block_partial<WARP_ROWS, VEC, VPT>(p.bias_partial, p, group, dbias);
 }
 
-// Adds v to the block's partial row at col (only this thread touches these elements).
+// Adds v to the column sums at sums[col] (only this thread touches these elements).
 template <typename A, int VEC>
-__device__ __forceinline__ void add_partial(void* buffer, const NormBwdParams& p, int64_t col, const A (&v)[VEC]) {
-  if (buffer == nullptr) return;
-  A* ptr = partial_at<A, VEC>(buffer, p, col);
-  auto acc = load_vector<A, VEC>(ptr);
+__device__ __forceinline__ void add_sums(A* sums, int64_t col, const A (&v)[VEC]) {
+  if (sums == nullptr) return;
+  auto acc = load_vector<A, VEC>(sums + col);
 #pragma unroll
   for (int j = 0; j < VEC; ++j) acc.val[j] += v[j];
-  store_vector<A, VEC>(ptr, acc);
+  store_vector<A, VEC>(sums + col, acc);
 }
 
 // Backward for rows too long for registers: one block per row; the row is read for the two
-// row sums and re-read (mostly from L2) for dx; the block's column sums accumulate in its own
-// partial row in global memory.
-template <typename T, typename W, bool RMS, int VEC>
+// row sums and re-read (mostly from L2) for dx. The block's column sums accumulate in shared
+// memory when they fit (SHARED_SUMS: weight sums, then bias sums, cols each; copied to the
+// partial rows at the end), else directly in its partial rows in global memory.
+template <typename T, typename W, bool RMS, int VEC, bool SHARED_SUMS>
 __global__ void __launch_bounds__(kMaxThreads) norm_bwd_streaming_kernel(const NormBwdParams p) {
   using A = acc_t<T>;
+  extern __shared__ __align__(16) unsigned char shared_sums[];
   __shared__ A scratch[32];
   const RowGroup<false> group;
   const A inv_cols = A(1) / A(p.cols);
   const int64_t step = int64_t(blockDim.x) * VEC;
-  A zeros[VEC];
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) zeros[j] = A(0);
+  A* weight_partial = p.weight_partial != nullptr ? partial_at<A, VEC>(p.weight_partial, p, 0) : nullptr;
+  A* bias_partial = p.bias_partial != nullptr ? partial_at<A, VEC>(p.bias_partial, p, 0) : nullptr;
+  A* weight_sums = weight_partial;
+  A* bias_sums = bias_partial;
+  if constexpr (SHARED_SUMS) {
+    A* next = reinterpret_cast<A*>(shared_sums);
+    if (weight_sums != nullptr) {
+      weight_sums = next;
+      next += p.cols;
+    }
+    if (bias_sums != nullptr) bias_sums = next;
+  }
   for (int64_t col = int64_t(threadIdx.x) * VEC; col < p.cols; col += step) {
-    if (p.weight_partial != nullptr) store_partial<A, VEC>(p.weight_partial, p, col, zeros);
-    if (p.bias_partial != nullptr) store_partial<A, VEC>(p.bias_partial, p, col, zeros);
+    if (weight_sums != nullptr) store_vector<A, VEC>(weight_sums + col, AlignedVector<A, VEC>{});
+    if (bias_sums != nullptr) store_vector<A, VEC>(bias_sums + col, AlignedVector<A, VEC>{});
   }
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const A mean = RMS ? A(0) : A(p.mean[row]);
@@ -389,8 +399,14 @@ __global__ void __launch_bounds__(kMaxThreads) norm_bwd_streaming_kernel(const N
       for (int j = 0; j < VEC; ++j) dweight[j] = dbias[j] = A(0);
       load_grad_terms<T, W, VEC>(p, row, col, mean, rstd, xhat, g, dweight, dbias);
       store_dx<T, VEC>(p, row, col, xhat, g, rstd, mean_g, mean_gx);
-      add_partial<A, VEC>(p.weight_partial, p, col, dweight);
-      add_partial<A, VEC>(p.bias_partial, p, col, dbias);
+      add_sums<A, VEC>(weight_sums, col, dweight);
+      add_sums<A, VEC>(bias_sums, col, dbias);
+    }
+  }
+  if constexpr (SHARED_SUMS) {
+    for (int64_t col = int64_t(threadIdx.x) * VEC; col < p.cols; col += step) {
+      if (weight_sums != nullptr) store_vector<A, VEC>(weight_partial + col, load_vector<A, VEC>(weight_sums + col));
+      if (bias_sums != nullptr) store_vector<A, VEC>(bias_partial + col, load_vector<A, VEC>(bias_sums + col));
     }
   }
 }
@@ -471,12 +487,21 @@ struct BwdPlan {
   BwdKernel kernel;
   int threads;
   int64_t blocks;
+  int shared_bytes;
 };
 
 // Persistent grid: as many blocks as fit on the device at once, at most one per row group.
 template <typename T, typename W, bool RMS, int VEC>
 BwdPlan plan_bwd_with(const NormBwdParams& p) {
+  using A = acc_t<T>;
+  int device = 0, sms = 1, per_sm = 1, max_shared = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&max_shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+    sms = 1, max_shared = 0;
+  }
   BwdPlan plan;
+  plan.shared_bytes = 0;
   int groups = 1;
   if (p.cols <= 32 * VEC) {
     plan.kernel = norm_bwd_kernel<T, W, RMS, true, VEC, 1>;
@@ -485,14 +510,22 @@ BwdPlan plan_bwd_with(const NormBwdParams& p) {
     plan.kernel = norm_bwd_kernel<T, W, RMS, false, VEC, 1>;
     plan.threads = threads_for((p.cols + VEC - 1) / VEC);
   } else {
-    plan.kernel = norm_bwd_streaming_kernel<T, W, RMS, VEC>;
     plan.threads = threads_for((p.cols + 2 * VEC - 1) / (2 * VEC));
+    const int64_t sums_bytes = ((p.dweight != nullptr) + (p.dbias != nullptr)) * p.cols * int64_t(sizeof(A));
+    const int64_t static_bytes = 32 * sizeof(A);
+    plan.kernel = norm_bwd_streaming_kernel<T, W, RMS, VEC, false>;
+    if (sums_bytes > 0 && sums_bytes + static_bytes <= max_shared) {
+      const BwdKernel shared_kernel = norm_bwd_streaming_kernel<T, W, RMS, VEC, true>;
+      if (cudaFuncSetAttribute(shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(sums_bytes)) == cudaSuccess) {
+        plan.kernel = shared_kernel;
+        plan.shared_bytes = static_cast<int>(sums_bytes);
+      }
+    }
   }
-  int device = 0, sms = 1, per_sm = 1;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, plan.kernel, plan.threads, 0) != cudaSuccess) {
-    sms = per_sm = 1;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, plan.kernel, plan.threads, plan.shared_bytes) !=
+      cudaSuccess) {
+    per_sm = 1;
   }
   plan.blocks = std::max<int64_t>(1, std::min<int64_t>((p.rows + groups - 1) / groups,
                                                        int64_t(sms) * std::max(per_sm, 1)));
@@ -522,7 +555,7 @@ cudaError_t launch_bwd(const NormBwdParams& p, cudaStream_t stream) {
     return p.dbias != nullptr ? cudaMemsetAsync(p.dbias, 0, p.cols * sizeof(W), stream) : cudaSuccess;
   }
   const BwdPlan plan = plan_bwd<T, W, RMS>(p);
-  plan.kernel<<<static_cast<unsigned>(plan.blocks), plan.threads, 0, stream>>>(p);
+  plan.kernel<<<static_cast<unsigned>(plan.blocks), plan.threads, plan.shared_bytes, stream>>>(p);
   cudaError_t err = cudaGetLastError();
   const unsigned column_blocks = static_cast<unsigned>((p.cols + 31) / 32);
   if (err == cudaSuccess && p.dweight != nullptr) {

@@ -154,20 +154,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(const at::Tensor& grad_o
   p.dy_row_stride = row_stride(dy);
   p.dresidual_out_row_stride = grad_residual_out ? row_stride(dres) : 0;
   p.x_row_stride = row_stride(x);
-  at::Tensor weight_partial, bias_partial;
+  p.dweight = weight ? dweight.data_ptr() : nullptr;
+  p.dbias = bias ? dbias.data_ptr() : nullptr;
+  at::Tensor weight_partial, bias_partial;  // alive until the launches below are queued
   if ((weight || bias) && rows > 0 && cols > 0) {
     const int64_t blocks = norm_bwd_blocks(p, x_dtype, w_dtype, rms);
     const auto partial_options = input.options().dtype(x_dtype == DType::Float64 ? at::kDouble : at::kFloat);
     if (weight) weight_partial = at::empty({blocks, cols}, partial_options);
     if (bias) bias_partial = at::empty({blocks, cols}, partial_options);
-  }
-  if (weight) {
-    p.dweight = dweight.data_ptr();
-    p.weight_partial = weight_partial.defined() ? weight_partial.data_ptr() : nullptr;
-  }
-  if (bias) {
-    p.dbias = dbias.data_ptr();
-    p.bias_partial = bias_partial.defined() ? bias_partial.data_ptr() : nullptr;
+    p.weight_partial = weight ? weight_partial.data_ptr() : nullptr;
+    p.bias_partial = bias ? bias_partial.data_ptr() : nullptr;
   }
   const auto stream = c10::cuda::getCurrentCUDAStream();
   C10_CUDA_CHECK(rms ? launch_rms_norm_bwd(p, x_dtype, w_dtype, stream)
