@@ -58,7 +58,40 @@ struct RowGroup {
       return block_reduce(value, SumOp{}, A(0), scratch);
     }
   }
+
+  // Two sums with one pass through shared memory (block rows), returned to every thread.
+  template <typename A>
+  __device__ __forceinline__ void sum_pair(A& a, A& b, A (&scratch)[2][32]) const {
+    a = warp_reduce(a, SumOp{});
+    b = warp_reduce(b, SumOp{});
+    if constexpr (!WARP_ROWS) {
+      const int warp_lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+      if (warp_lane == 0) {
+        scratch[0][warp] = a;
+        scratch[1][warp] = b;
+      }
+      __syncthreads();
+      const bool holds = warp_lane < static_cast<int>(blockDim.x / 32);
+      a = warp_reduce(holds ? scratch[0][warp_lane] : A(0), SumOp{});
+      b = warp_reduce(holds ? scratch[1][warp_lane] : A(0), SumOp{});
+      __syncthreads();  // scratch may be reused once every thread has read it
+    }
+  }
 };
+
+// mean(g) (LayerNorm only) and mean(g * xhat) over the row.
+template <bool RMS, bool WARP_ROWS, typename A>
+__device__ __forceinline__ void row_means(const RowGroup<WARP_ROWS>& group, A sum_g, A sum_gx, A inv_cols,
+                                          A (&scratch)[2][32], A& mean_g, A& mean_gx) {
+  if constexpr (RMS) {
+    sum_g = A(0);
+    sum_gx = group.sum(sum_gx, scratch[0]);
+  } else {
+    group.sum_pair(sum_g, sum_gx, scratch);
+  }
+  mean_g = sum_g * inv_cols;
+  mean_gx = sum_gx * inv_cols;
+}
 
 template <typename T, int VEC, typename A>
 __device__ __forceinline__ void load_acc(const T* ptr, A (&v)[VEC]) {
@@ -296,7 +329,7 @@ __device__ __forceinline__ void write_block_partial(void* buffer, const NormBwdP
 template <typename T, typename W, bool RMS, bool WARP_ROWS, int VEC, int VPT>
 __global__ void __launch_bounds__(kMaxThreads) norm_bwd_kernel(const NormBwdParams p) {
   using A = acc_t<T>;
-  __shared__ A scratch[32];
+  __shared__ A scratch[2][32];
   const RowGroup<WARP_ROWS> group;
   const A inv_cols = A(1) / A(p.cols);
   A dweight[VPT][VEC], dbias[VPT][VEC];
@@ -327,8 +360,8 @@ __global__ void __launch_bounds__(kMaxThreads) norm_bwd_kernel(const NormBwdPara
         sum_gx += g[k][j] * xhat[k][j];
       }
     }
-    const A mean_g = RMS ? A(0) : group.sum(sum_g, scratch) * inv_cols;
-    const A mean_gx = group.sum(sum_gx, scratch) * inv_cols;
+    A mean_g, mean_gx;
+    row_means<RMS>(group, sum_g, sum_gx, inv_cols, scratch, mean_g, mean_gx);
     if (!valid) continue;
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
@@ -358,7 +391,7 @@ template <typename T, typename W, bool RMS, int VEC, bool SHARED_SUMS>
 __global__ void __launch_bounds__(kMaxThreads) norm_bwd_streaming_kernel(const NormBwdParams p) {
   using A = acc_t<T>;
   extern __shared__ __align__(16) unsigned char shared_sums[];
-  __shared__ A scratch[32];
+  __shared__ A scratch[2][32];
   const RowGroup<false> group;
   const A inv_cols = A(1) / A(p.cols);
   const int64_t step = int64_t(blockDim.x) * VEC;
@@ -391,8 +424,8 @@ __global__ void __launch_bounds__(kMaxThreads) norm_bwd_streaming_kernel(const N
         sum_gx += g[j] * xhat[j];
       }
     }
-    const A mean_g = RMS ? A(0) : group.sum(sum_g, scratch) * inv_cols;
-    const A mean_gx = group.sum(sum_gx, scratch) * inv_cols;
+    A mean_g, mean_gx;
+    row_means<RMS>(group, sum_g, sum_gx, inv_cols, scratch, mean_g, mean_gx);
     for (int64_t col = int64_t(threadIdx.x) * VEC; col < p.cols; col += step) {
       A xhat[VEC], g[VEC], dweight[VEC], dbias[VEC];
 #pragma unroll
