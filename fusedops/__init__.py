@@ -4,13 +4,15 @@ from ._ext import build_info
 
 _ELEMENTWISE = ["scale_bias", "bias_gelu", "bias_dropout_add", "swiglu"]
 _SOFTMAX = []
-_NORM = []
+_NORM = ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"]
 _ATTENTION = []
 
 __all__ = ["build_info"] + _ELEMENTWISE + _SOFTMAX + _NORM + _ATTENTION
 
 if _ext.available():
     from .ops.elementwise import bias_dropout_add, bias_gelu, scale_bias, swiglu
+    from .ops.norm import add_layer_norm, add_rms_norm, layer_norm, rms_norm
+    from . import nn
 else:
 
     def _unavailable(*args, **kwargs):

@@ -108,3 +108,97 @@ def swiglu_backward(grad, gate, up):
     g, u, dy = gate.to(acc), up.to(acc), grad.to(acc)
     s = torch.sigmoid(g)
     return (dy * u * s * (1 + g * (1 - s))).to(gate.dtype), (dy * g * s).to(gate.dtype)
+
+
+# ---- LayerNorm / RMSNorm ---------------------------------------------------------------------
+# Statistics (mean, rstd) are float32 with the input's leading shape, as the CUDA kernels save them.
+
+
+def _norm_dims(x, normalized_shape):
+    return tuple(range(x.dim() - len(normalized_shape), x.dim()))
+
+
+def _stats_shape(x, normalized_shape):
+    return x.shape[: x.dim() - len(normalized_shape)]
+
+
+def _expand_stats(stat, x, normalized_shape):
+    return stat.to(acc_dtype(x.dtype)).reshape(tuple(_stats_shape(x, normalized_shape)) + (1,) * len(normalized_shape))
+
+
+def _affine(y, weight, bias):
+    if weight is not None:
+        y = y * weight.to(y.dtype)
+    if bias is not None:
+        y = y + bias.to(y.dtype)
+    return y
+
+
+def layer_norm(input, normalized_shape, weight, bias, eps):
+    """(out, mean, rstd) of F.layer_norm."""
+    x = input.to(acc_dtype(input.dtype))
+    dims = _norm_dims(input, normalized_shape)
+    mean = x.mean(dims, keepdim=True)
+    rstd = torch.rsqrt((x - mean).square().mean(dims, keepdim=True) + eps)
+    out = _affine((x - mean) * rstd, weight, bias).to(input.dtype)
+    stats = _stats_shape(input, normalized_shape)
+    return out, mean.reshape(stats).float(), rstd.reshape(stats).float()
+
+
+def rms_norm(input, normalized_shape, weight, eps):
+    """(out, rstd) of F.rms_norm; eps is a number (the public wrapper resolves None)."""
+    x = input.to(acc_dtype(input.dtype))
+    rstd = torch.rsqrt(x.square().mean(_norm_dims(input, normalized_shape), keepdim=True) + eps)
+    out = _affine(x * rstd, weight, None).to(input.dtype)
+    return out, rstd.reshape(_stats_shape(input, normalized_shape)).float()
+
+
+def _residual_add(input, residual):
+    acc = acc_dtype(input.dtype)
+    return (input.to(acc) + residual.to(acc)).to(input.dtype)
+
+
+def add_layer_norm(input, residual, normalized_shape, weight, bias, eps):
+    """(out, residual_out, mean, rstd) with residual_out = input + residual, out = its layer_norm."""
+    residual_out = _residual_add(input, residual)
+    out, mean, rstd = layer_norm(residual_out, normalized_shape, weight, bias, eps)
+    return out, residual_out, mean, rstd
+
+
+def add_rms_norm(input, residual, normalized_shape, weight, eps):
+    """(out, residual_out, rstd) with residual_out = input + residual, out = its rms_norm."""
+    residual_out = _residual_add(input, residual)
+    out, rstd = rms_norm(residual_out, normalized_shape, weight, eps)
+    return out, residual_out, rstd
+
+
+def _norm_backward(grad_out, grad_residual_out, input, mean, rstd, normalized_shape, weight, bias):
+    acc = acc_dtype(input.dtype)
+    dims = _norm_dims(input, normalized_shape)
+    x, dy = input.to(acc), grad_out.to(acc)
+    rstd = _expand_stats(rstd, input, normalized_shape)
+    centered = x if mean is None else x - _expand_stats(mean, input, normalized_shape)
+    xhat = centered * rstd
+    g = dy if weight is None else dy * weight.to(acc)
+    inner = g - xhat * (g * xhat).mean(dims, keepdim=True)
+    if mean is not None:
+        inner = inner - g.mean(dims, keepdim=True)
+    dx = rstd * inner
+    if grad_residual_out is not None:
+        dx = dx + grad_residual_out.to(acc)
+    rows = tuple(range(input.dim() - len(normalized_shape)))
+    dweight = input.new_empty((0,)) if weight is None else (dy * xhat).sum(rows).to(weight.dtype)
+    dbias = input.new_empty((0,)) if bias is None else dy.sum(rows).to(bias.dtype)
+    return dx.to(input.dtype), dweight, dbias
+
+
+def layer_norm_backward(grad_out, grad_residual_out, input, mean, rstd, normalized_shape, weight, bias):
+    """(dx, dweight, dbias); dweight / dbias are empty when weight / bias is None (only bias's
+    dtype is read). grad_residual_out, when given, is added to dx (the add_* variants)."""
+    return _norm_backward(grad_out, grad_residual_out, input, mean, rstd, normalized_shape, weight, bias)
+
+
+def rms_norm_backward(grad_out, grad_residual_out, input, rstd, normalized_shape, weight):
+    """(dx, dweight); dweight is empty when weight is None."""
+    dx, dweight, _ = _norm_backward(grad_out, grad_residual_out, input, None, rstd, normalized_shape, weight, None)
+    return dx, dweight
