@@ -24,6 +24,10 @@ TORCH_LIBRARY(fusedops, m) {
   // Norms
 
   // Attention
+  m.def("attention_fwd(Tensor q, Tensor k, Tensor v, bool causal, float scale) -> (Tensor, Tensor)");
+  m.def(
+      "attention_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, "
+      "float scale) -> (Tensor, Tensor, Tensor)");
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {

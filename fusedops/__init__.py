@@ -5,12 +5,13 @@ from ._ext import build_info
 _ELEMENTWISE = ["scale_bias", "bias_gelu", "bias_dropout_add", "swiglu"]
 _SOFTMAX = []
 _NORM = []
-_ATTENTION = []
+_ATTENTION = ["scaled_dot_product_attention"]
 
 __all__ = ["build_info"] + _ELEMENTWISE + _SOFTMAX + _NORM + _ATTENTION
 
 if _ext.available():
     from .ops.elementwise import bias_dropout_add, bias_gelu, scale_bias, swiglu
+    from .ops.attention import scaled_dot_product_attention
 else:
 
     def _unavailable(*args, **kwargs):
