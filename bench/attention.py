@@ -64,7 +64,8 @@ def run(report, quick):
             )
             flops = 4 * b * h * s * s * d * (0.5 if causal else 1.0)
             case = f"B{b} H{h} S{s} D{d}{' causal' if causal else ''}"
-            forwards = {"fusedops": _forward_fn(fusedops.scaled_dot_product_attention, contextlib.nullcontext, q, k, v, causal)}
+            ours = _forward_fn(fusedops.scaled_dot_product_attention, contextlib.nullcontext, q, k, v, causal)
+            forwards = {"fusedops": ours}
             for name, context in backends.items():
                 forwards[name] = _forward_fn(F.scaled_dot_product_attention, context, q, k, v, causal)
             forwards = {name: _usable(fn) for name, fn in forwards.items()}
