@@ -12,7 +12,7 @@ from fusedops import reference
 
 ops = torch.ops.fusedops
 DTYPES = [torch.bfloat16, torch.float16]
-HEAD_DIMS = [64, 128]
+HEAD_DIMS = [32, 64, 96, 128]
 # (Lq, Lk): single positions, a single query or key, odd lengths that end mid-tile, Lq != Lk
 # both ways (top-left causal alignment), and lengths just around and well past a tile multiple.
 SEQ_LENS = [(1, 1), (1, 239), (239, 1), (113, 203), (127, 513), (1023, 1024)]
@@ -277,7 +277,7 @@ def test_cuda_fallbacks_match_sdpa(monkeypatch):
 
     fusedops = _sdpa_module()
     monkeypatch.setattr(attention, "_warned", set())
-    q, k, v = _qkv(1, 2, 2, 33, 33, 96, torch.bfloat16)
+    q, k, v = _qkv(1, 2, 2, 33, 33, 80, torch.bfloat16)
     with pytest.warns(UserWarning, match="head dims"):
         out = fusedops.scaled_dot_product_attention(q, k, v, is_causal=True)
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True))

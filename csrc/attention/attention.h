@@ -54,7 +54,7 @@ struct AttentionBwdParams {
   bool dkdv_fp32;
 };
 
-// Head dims and dtypes with a kernel: head_dim 64 or 128, Float16 or BFloat16.
+// Head dims and dtypes with a kernel: head_dim 32, 64, 96 or 128; Float16 or BFloat16.
 bool attention_supported(DType dtype, int head_dim);
 
 cudaError_t launch_attention_fwd(const AttentionFwdParams& p, DType dtype, cudaStream_t stream);
@@ -66,11 +66,19 @@ cudaError_t launch_attention_fwd_hdim(const AttentionFwdParams& p, DType dtype, 
 template <int HeadDim>
 cudaError_t launch_attention_bwd_hdim(const AttentionBwdParams& p, DType dtype, cudaStream_t stream);
 template <>
+cudaError_t launch_attention_fwd_hdim<32>(const AttentionFwdParams& p, DType dtype, cudaStream_t stream);
+template <>
+cudaError_t launch_attention_bwd_hdim<32>(const AttentionBwdParams& p, DType dtype, cudaStream_t stream);
+template <>
 cudaError_t launch_attention_fwd_hdim<64>(const AttentionFwdParams& p, DType dtype, cudaStream_t stream);
 template <>
-cudaError_t launch_attention_fwd_hdim<128>(const AttentionFwdParams& p, DType dtype, cudaStream_t stream);
-template <>
 cudaError_t launch_attention_bwd_hdim<64>(const AttentionBwdParams& p, DType dtype, cudaStream_t stream);
+template <>
+cudaError_t launch_attention_fwd_hdim<96>(const AttentionFwdParams& p, DType dtype, cudaStream_t stream);
+template <>
+cudaError_t launch_attention_bwd_hdim<96>(const AttentionBwdParams& p, DType dtype, cudaStream_t stream);
+template <>
+cudaError_t launch_attention_fwd_hdim<128>(const AttentionFwdParams& p, DType dtype, cudaStream_t stream);
 template <>
 cudaError_t launch_attention_bwd_hdim<128>(const AttentionBwdParams& p, DType dtype, cudaStream_t stream);
 

@@ -10,7 +10,7 @@ from .. import reference
 ops = torch.ops.fusedops
 
 NATIVE_DTYPES = (torch.float16, torch.bfloat16)
-NATIVE_HEAD_DIMS = (64, 128)
+NATIVE_HEAD_DIMS = (32, 64, 96, 128)
 
 
 def _output_like(ref):
@@ -128,7 +128,7 @@ def _fallback_reason(query, key, value, attn_mask, dropout_p):
     if query.dtype not in NATIVE_DTYPES:
         return f"dtype {query.dtype} is not native (float16 and bfloat16 are)"
     if query.shape[-1] not in NATIVE_HEAD_DIMS or value.shape[-1] != query.shape[-1]:
-        return f"head dims (query {query.shape[-1]}, value {value.shape[-1]}) are not native (64 and 128 are)"
+        return f"head dims (query {query.shape[-1]}, value {value.shape[-1]}) are not native (32, 64, 96 and 128 are)"
     if key.shape[2] == 0 or query.numel() == 0:
         return "empty inputs are not native"
     return None
@@ -141,7 +141,7 @@ def scaled_dot_product_attention(
     semantics, [batch, heads, seq, head_dim] layout, top-left causal alignment when the query
     and key lengths differ, GQA/MQA with enable_gqa=True, default scale 1/sqrt(head_dim).
 
-    Native: float16/bfloat16 CUDA tensors with head_dim 64 or 128, no attn_mask, no dropout.
+    Native: float16/bfloat16 CUDA tensors with head_dim 32, 64, 96 or 128, no attn_mask, no dropout.
     Anything else runs F.scaled_dot_product_attention, with a warning once per reason."""
     _check_arguments(query, key, value, dropout_p, is_causal, scale, enable_gqa)
     reason = _fallback_reason(query, key, value, attn_mask, dropout_p)
