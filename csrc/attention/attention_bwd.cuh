@@ -200,20 +200,13 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_dq_kernel(const Attent
   const T* v = head_ptr<T>(p.v, p.v_stride, b, h_kv);
   const int n_tiles = key_tiles(m0, kBlockM, p.len_k, p.causal);
 
-  auto load_kv = [&](int j) {
-    const int n0 = j * kBlockN, buffer = j % 2;
-    copy_tile_async<kBlockN, D, kThreads>(k_smem + buffer * kBlockN * pitch, pitch, k + n0 * p.k_stride.seq,
-                                          p.k_stride.seq, p.len_k - n0, tid);
-    copy_tile_async<kBlockN, D, kThreads>(v_smem + buffer * kBlockN * pitch, pitch, v + n0 * p.v_stride.seq,
-                                          p.v_stride.seq, p.len_k - n0, tid);
-  };
 
   copy_tile_async<kBlockM, D, kThreads>(q_smem, pitch, head_ptr<T>(p.q, p.q_stride, b, h) + m0 * p.q_stride.seq,
                                         p.q_stride.seq, p.len_q - m0, tid);
   copy_tile_async<kBlockM, D, kThreads>(do_smem, pitch,
                                         head_ptr<T>(p.dout, p.dout_stride, b, h) + m0 * p.dout_stride.seq,
                                         p.dout_stride.seq, p.len_q - m0, tid);
-  load_kv(0);
+  load_kv_tile<D>(k_smem, v_smem, k, v, p.k_stride.seq, p.v_stride.seq, p.len_k, 0, tid);
   cp_async_commit();
 
   const float scale_log2 = p.scale * kLog2e;
@@ -234,7 +227,7 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_dq_kernel(const Attent
   for (int j = 0; j < n_tiles; ++j) {
     cp_async_wait<0>();
     __syncthreads();
-    if (j + 1 < n_tiles) load_kv(j + 1);
+    if (j + 1 < n_tiles) load_kv_tile<D>(k_smem, v_smem, k, v, p.k_stride.seq, p.v_stride.seq, p.len_k, j + 1, tid);
     cp_async_commit();
 
     const int n0 = j * kBlockN, buffer = j % 2;

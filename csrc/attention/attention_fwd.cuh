@@ -84,6 +84,19 @@ __device__ __forceinline__ void mask_scores(float (&acc)[kBlockN / 8][4], int ro
   }
 }
 
+// Starts the cp.async copies of key/value tile j into buffer j % 2 of k_smem / v_smem (two
+// buffers of kBlockN rows each).
+template <int D, typename T>
+__device__ __forceinline__ void load_kv_tile(T* k_smem, T* v_smem, const T* k, const T* v, int64_t k_seq,
+                                             int64_t v_seq, int len_k, int j, int tid) {
+  constexpr int pitch = smem_pitch<D>();
+  const int n0 = j * kBlockN, buffer = j % 2;
+  copy_tile_async<kBlockN, D, kThreads>(k_smem + buffer * kBlockN * pitch, pitch, k + n0 * k_seq, k_seq, len_k - n0,
+                                        tid);
+  copy_tile_async<kBlockN, D, kThreads>(v_smem + buffer * kBlockN * pitch, pitch, v + n0 * v_seq, v_seq, len_k - n0,
+                                        tid);
+}
+
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) attention_fwd_kernel(const AttentionFwdParams p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -104,16 +117,9 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_kernel(const Attention
   const T* v = head_ptr<T>(p.v, p.v_stride, b, h_kv);
   const int n_tiles = key_tiles(m0, kBlockM, p.len_k, p.causal);
 
-  auto load_kv = [&](int j) {
-    const int n0 = j * kBlockN, buffer = j % 2;
-    copy_tile_async<kBlockN, D, kThreads>(k_smem + buffer * kBlockN * pitch, pitch, k + n0 * p.k_stride.seq,
-                                          p.k_stride.seq, p.len_k - n0, tid);
-    copy_tile_async<kBlockN, D, kThreads>(v_smem + buffer * kBlockN * pitch, pitch, v + n0 * p.v_stride.seq,
-                                          p.v_stride.seq, p.len_k - n0, tid);
-  };
 
   copy_tile_async<kBlockM, D, kThreads>(q_smem, pitch, q, p.q_stride.seq, p.len_q - m0, tid);
-  load_kv(0);
+  load_kv_tile<D>(k_smem, v_smem, k, v, p.k_stride.seq, p.v_stride.seq, p.len_k, 0, tid);
   cp_async_commit();
 
   const float scale_log2 = p.scale * kLog2e;
@@ -128,7 +134,7 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_kernel(const Attention
   for (int j = 0; j < n_tiles; ++j) {
     cp_async_wait<0>();
     __syncthreads();  // tile j visible to all; every warp is done with buffer (j + 1) % 2
-    if (j + 1 < n_tiles) load_kv(j + 1);
+    if (j + 1 < n_tiles) load_kv_tile<D>(k_smem, v_smem, k, v, p.k_stride.seq, p.v_stride.seq, p.len_k, j + 1, tid);
     cp_async_commit();
     if (j == 0) load_a_fragments<D>(q_frag, q_smem + 16 * warp * pitch, pitch, lane);
 

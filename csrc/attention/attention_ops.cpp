@@ -50,8 +50,8 @@ DType check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   check_same_dtype(v, q, "value");
   const DType dtype = to_dtype(q.scalar_type(), "query");
   TORCH_CHECK(attention_supported(dtype, static_cast<int>(q.size(3))),
-              "fusedops: attention kernels support float16/bfloat16 with head_dim 32, 64, 96 or 128, got ", q.scalar_type(),
-              " with head_dim ", q.size(3));
+              "fusedops: attention kernels support float16/bfloat16 with head_dim 32, 64, 96 or 128, got ",
+              q.scalar_type(), " with head_dim ", q.size(3));
   TORCH_CHECK(k.size(0) == q.size(0) && k.size(3) == q.size(3), "fusedops: key has shape ", k.sizes(),
               ", incompatible with query of shape ", q.sizes());
   TORCH_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, "fusedops: query heads (", q.size(1),

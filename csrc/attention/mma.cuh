@@ -193,8 +193,10 @@ template <int rows, int D, int threads, typename T>
 __device__ __forceinline__ void copy_tile_async(T* smem, int sstride, const T* gmem, int64_t gstride, int valid_rows,
                                                 int tid) {
   constexpr int chunks_per_row = D / 8;
+  static_assert(rows * chunks_per_row % threads == 0, "every thread copies the same number of chunks");
 #pragma unroll
-  for (int c = tid; c < rows * chunks_per_row; c += threads) {
+  for (int i = 0; i < rows * chunks_per_row / threads; ++i) {
+    const int c = tid + i * threads;
     const int row = c / chunks_per_row, col = 8 * (c % chunks_per_row);
     const bool valid = row < valid_rows;
     cp_async_16(smem + row * sstride + col, valid ? gmem + row * gstride + col : gmem, valid);
