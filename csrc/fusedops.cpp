@@ -30,6 +30,10 @@ TORCH_LIBRARY(fusedops, m) {
   m.def("rms_norm_bwd(Tensor grad_out, Tensor? grad_residual_out, Tensor input, Tensor rstd, int[] normalized_shape, Tensor? weight) -> (Tensor, Tensor)");
 
   // Attention
+  m.def("attention_fwd(Tensor q, Tensor k, Tensor v, bool causal, float scale) -> (Tensor, Tensor)");
+  m.def(
+      "attention_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, "
+      "float scale) -> (Tensor, Tensor, Tensor)");
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {

@@ -202,3 +202,47 @@ def rms_norm_backward(grad_out, grad_residual_out, input, rstd, normalized_shape
     """(dx, dweight); dweight is empty when weight is None."""
     dx, dweight, _ = _norm_backward(grad_out, grad_residual_out, input, None, rstd, normalized_shape, weight, None)
     return dx, dweight
+# ---- attention ---------------------------------------------------------------------------------
+
+
+def _attention_scores(q, k, causal, scale, acc):
+    """Scaled scores [B, Hq, Lq, Lk] in acc, keys repeated over GQA groups, causal top-left."""
+    group = q.shape[1] // k.shape[1]
+    k = k.to(acc).repeat_interleave(group, dim=1)
+    s = torch.matmul(q.to(acc), k.transpose(-1, -2)) * scale
+    if causal:
+        lq, lk = q.shape[2], k.shape[2]
+        visible = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril()
+        s = s.masked_fill(~visible, float("-inf"))
+    return s
+
+
+def attention_fwd(q, k, v, causal, scale):
+    """(softmax(scale * q k^T) v, logsumexp of each scaled score row in float32)."""
+    acc = acc_dtype(q.dtype)
+    s = _attention_scores(q, k, causal, scale, acc)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse.unsqueeze(-1))
+    v = v.to(acc).repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    return torch.matmul(p, v).to(q.dtype), lse.to(torch.float32)
+
+
+def attention_bwd(grad_out, q, k, v, out, lse, causal, scale):
+    """(dq, dk, dv) from P recomputed with the saved lse; GQA gradients summed over each group."""
+    acc = acc_dtype(q.dtype)
+    group = q.shape[1] // k.shape[1]
+    p = torch.exp(_attention_scores(q, k, causal, scale, acc) - lse.to(acc).unsqueeze(-1))
+    do = grad_out.to(acc)
+    v_rep = v.to(acc).repeat_interleave(group, dim=1)
+    dv = torch.matmul(p.transpose(-1, -2), do)
+    dp = torch.matmul(do, v_rep.transpose(-1, -2))
+    delta = (do * out.to(acc)).sum(-1, keepdim=True)
+    ds = p * (dp - delta)
+    dq = torch.matmul(ds, k.to(acc).repeat_interleave(group, dim=1)) * scale
+    dk = torch.matmul(ds.transpose(-1, -2), q.to(acc)) * scale
+
+    def per_kv_head(t):
+        b, _, lk, d = t.shape
+        return t.reshape(b, k.shape[1], group, lk, d).sum(2)
+
+    return dq.to(q.dtype), per_kv_head(dk).to(k.dtype), per_kv_head(dv).to(v.dtype)
