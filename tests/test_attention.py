@@ -6,6 +6,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from conftest import assert_close_to_reference
 from fusedops import reference
@@ -212,7 +213,10 @@ def test_large_scores_short_sequences_no_nan(head_dim, lq, lk, causal):
 @pytest.mark.parametrize("scale", [0.0, -0.2, 1.7])
 def test_explicit_scale(scale):
     q, k, v = _qkv(1, 2, 2, 97, 131, 64, torch.bfloat16)
-    _check_against_torch(q, k, v, True, scale=scale)
+    # PyTorch's default CUDA backend returned NaN for scale=0.0 on the H200 (torch 2.11): its
+    # math backend is the same-dtype baseline here.
+    with sdpa_kernel(SDPBackend.MATH):
+        _check_against_torch(q, k, v, True, scale=scale)
 
 
 @pytest.mark.gpu
