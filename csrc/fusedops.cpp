@@ -20,6 +20,10 @@ TORCH_LIBRARY(fusedops, m) {
   m.def("swiglu_bwd(Tensor grad, Tensor gate, Tensor up) -> (Tensor, Tensor)");
 
   // Softmax
+  m.def("softmax_fwd(Tensor x, float scale, bool log) -> Tensor");
+  m.def("softmax_bwd(Tensor grad, Tensor y, float scale, bool log) -> Tensor");
+  m.def("masked_softmax_fwd(Tensor x, Tensor? mask, float scale, bool causal, float p, bool training) -> (Tensor, Tensor, Tensor)");
+  m.def("masked_softmax_bwd(Tensor grad, Tensor x, Tensor? mask, Tensor lse, Tensor rng_state, float scale, bool causal, float p) -> Tensor");
 
   // Norms
   m.def("layer_norm_fwd(Tensor input, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)");

@@ -3,7 +3,7 @@ from . import _ext
 from ._ext import build_info
 
 _ELEMENTWISE = ["scale_bias", "bias_gelu", "bias_dropout_add", "swiglu"]
-_SOFTMAX = []
+_SOFTMAX = ["softmax", "log_softmax", "masked_softmax"]
 _NORM = ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"]
 _ATTENTION = ["scaled_dot_product_attention"]
 
@@ -14,6 +14,7 @@ if _ext.available():
     from .ops.norm import add_layer_norm, add_rms_norm, layer_norm, rms_norm
     from . import nn
     from .ops.attention import scaled_dot_product_attention
+    from .ops.softmax import log_softmax, masked_softmax, softmax
 else:
 
     def _unavailable(*args, **kwargs):

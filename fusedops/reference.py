@@ -246,3 +246,69 @@ def attention_bwd(grad_out, q, k, v, out, lse, causal, scale):
         return t.reshape(b, k.shape[1], group, lk, d).sum(2)
 
     return dq.to(q.dtype), per_kv_head(dk).to(k.dtype), per_kv_head(dv).to(v.dtype)
+# ---- softmax family ----------------------------------------------------------------------------
+# A row with no finite logit (fully masked) gives probabilities 0 (log-probabilities -inf) and a
+# zero gradient, where torch.softmax gives NaN. Outputs are contiguous, as the CUDA kernels'.
+
+
+def _no_finite_logit(z):
+    return (z == float("-inf")).all(-1, keepdim=True)
+
+
+def softmax(x, scale, log):
+    acc = acc_dtype(x.dtype)
+    z = x.to(acc) * scale
+    if z.dim() == 0:
+        z = z.reshape(1)
+        return softmax(z, 1.0, log).reshape(())
+    y = torch.log_softmax(z, -1) if log else torch.softmax(z, -1)
+    fill = torch.full((), float("-inf") if log else 0.0, dtype=acc, device=x.device)
+    return torch.where(_no_finite_logit(z), fill, y).to(x.dtype).contiguous()
+
+
+def softmax_backward(grad, y, scale, log):
+    acc = acc_dtype(y.dtype)
+    g, yy = grad.to(acc), y.to(acc)
+    if log:
+        dx = g - torch.exp(yy) * g.sum(-1, keepdim=True)
+    else:
+        dx = yy * (g - (g * yy).sum(-1, keepdim=True))
+    return (scale * dx).to(y.dtype).contiguous()
+
+
+def masked_logits(x, mask, scale, causal):
+    """scale * x with -inf where a bool mask is False or (causal) key j > query i, plus an additive mask."""
+    acc = acc_dtype(x.dtype)
+    z = x.to(acc) * scale
+    if mask is not None:
+        z = z.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else z + mask.to(acc)
+    if causal:
+        lq, lk = x.shape[-2], x.shape[-1]
+        visible = torch.ones(lq, lk, dtype=torch.bool, device=x.device).tril()
+        z = z.masked_fill(~visible, float("-inf"))
+    return z
+
+
+def masked_softmax(x, mask, scale, causal, p, rng_state):
+    """(dropout(softmax(masked logits)), row log-sum-exp); p = 0 means no dropout. The
+    log-sum-exp is +inf for a fully masked row."""
+    acc = acc_dtype(x.dtype)
+    z = masked_logits(x, mask, scale, causal)
+    empty = _no_finite_logit(z)
+    zero = torch.zeros((), dtype=acc, device=x.device)
+    probs = torch.where(empty, zero, torch.softmax(z, -1))
+    lse = torch.where(empty.squeeze(-1), torch.full((), float("inf"), dtype=acc, device=x.device), torch.logsumexp(z, -1))
+    if p > 0:
+        keep = dropout_keep_mask(x.shape, rng_state, p).to(x.device)
+        probs = torch.where(keep, probs * (1.0 / (1.0 - p)), zero)
+    return probs.to(x.dtype).contiguous(), lse.contiguous()
+
+
+def masked_softmax_backward(grad, x, mask, lse, rng_state, scale, causal, p):
+    acc = acc_dtype(x.dtype)
+    y = torch.exp(masked_logits(x, mask, scale, causal) - lse.to(acc).unsqueeze(-1))
+    g = grad.to(acc)
+    if p > 0:
+        keep = dropout_keep_mask(x.shape, rng_state, p).to(x.device)
+        g = torch.where(keep, g * (1.0 / (1.0 - p)), torch.zeros((), dtype=acc, device=x.device))
+    return (scale * y * (g - (g * y).sum(-1, keepdim=True))).to(x.dtype).contiguous()

@@ -1,0 +1,861 @@
+// Softmax family kernels. A row is handled by a group of G threads: G <= 32 is a sub-warp (several
+// rows per block, __shfl_xor_sync reductions), G > 32 is a whole block (block reductions).
+//
+// Row strategies:
+// - register rows (cols <= G * ITEMS * VEC, 16-byte aligned rows): each thread keeps its
+//   ITEMS vectors of VEC elements in registers as fp32, so the row is read from HBM once;
+// - cluster rows (sm_90, cols up to 16x that of a 1024-thread block): the row is split over a
+//   thread-block cluster of CLUSTER blocks, each keeping its slice in registers; the blocks
+//   combine their max and sum through distributed shared memory, so the row is still read once;
+// - streamed rows (longer rows, odd sizes, unaligned views, fp64): two passes over the row, an
+//   online max + sum (or the backward's dot product) and then the output. The first pass may
+//   stage the row in shared memory (CACHE) so the second reads it from there; otherwise the
+//   second pass mostly hits L2, which the grid keeps large enough to hold every row in flight.
+//
+// Forward and backward share one body each; masked softmax differs only in how a logit is
+// formed (scale, mask, causal), in the dropout applied to the output, and in the backward
+// recomputing the probabilities from x and the saved log-sum-exp.
+#include <algorithm>
+#include <limits>
+#include <type_traits>
+
+#include <cooperative_groups.h>
+
+#include "../common/dispatch.cuh"
+#include "../common/philox.cuh"
+#include "../common/reduce.cuh"
+#include "../common/vec.cuh"
+#include "softmax.h"
+
+namespace fusedops {
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kSmallGroupBlock = 128;  // block size when a row takes at most one warp
+constexpr int kRegisterElems = 16;     // elements of a row one thread keeps in registers
+constexpr int kStreamUnroll = 4;       // vectors loaded before any is used in streamed rows
+constexpr int kStreamThreads = 512;    // threads per row for long streamed rows (128 registers each)
+constexpr int kClusterThreads = 1024;  // threads per block of a cluster row
+constexpr int kMaxCluster = 16;        // blocks per cluster (above 8 is a non-portable size)
+constexpr int kMaxCacheBytes = 96 * 1024;       // shared memory staging of a streamed row
+constexpr int64_t kL2InFlightBytes = 32 << 20;  // rows in flight that the L2 (60 MB) should hold
+
+__host__ __device__ constexpr int block_threads(int group) { return group <= 32 ? kSmallGroupBlock : group; }
+
+template <typename A> __device__ __forceinline__ A neg_inf() { return -std::numeric_limits<A>::infinity(); }
+template <typename A> __device__ __forceinline__ A pos_inf() { return std::numeric_limits<A>::infinity(); }
+// exp for inputs of type T: the fast intrinsic (one multiply and MUFU.EX2, a few ulp) for 16-bit
+// types, whose output rounding is ~1000x coarser, so the kernels stay memory-bound there;
+// the accurate expf / exp for fp32 and fp64.
+template <typename T> __device__ __forceinline__ acc_t<T> exp_acc(acc_t<T> v) {
+  if constexpr (sizeof(T) == 2) return __expf(v);
+  else if constexpr (std::is_same<acc_t<T>, float>::value) return expf(v);
+  else return exp(v);
+}
+__device__ __forceinline__ float log_acc(float v) { return logf(v); }
+__device__ __forceinline__ double log_acc(double v) { return log(v); }
+
+template <int G, typename A, class Op>
+__device__ __forceinline__ A group_reduce(A value, Op op, A identity, A* scratch) {
+  if constexpr (G <= 32) {
+    return warp_reduce<G>(value, op);
+  } else {
+    return block_reduce(value, op, identity, scratch);
+  }
+}
+
+// The rows a group visits: a grid-stride loop whose trip count is uniform across the block (and
+// the cluster), so every thread reaches every reduction; `valid` says whether the group's row
+// exists. With CLUSTER > 1 the CLUSTER consecutive blocks of a cluster share each row, block
+// `rank` holding its rank-th slice.
+template <int G, int CLUSTER = 1> struct RowCursor {
+  static constexpr int kRowsPerBlock = G <= 32 ? kSmallGroupBlock / G : 1;
+  __device__ static int lane() { return G <= 32 ? threadIdx.x % G : threadIdx.x; }
+  __device__ static int rank() { return blockIdx.x % CLUSTER; }
+  __device__ static int64_t first() { return static_cast<int64_t>(blockIdx.x / CLUSTER) * kRowsPerBlock; }
+  __device__ static int64_t step() { return static_cast<int64_t>(gridDim.x / CLUSTER) * kRowsPerBlock; }
+  __device__ static int64_t row(int64_t base) { return base + threadIdx.x / (G <= 32 ? G : blockDim.x); }
+};
+
+// Reduces over the whole row: the group, then with CLUSTER > 1 the cluster's blocks, each block
+// publishing its value in `slot` (its own shared memory) and reading every block's through
+// distributed shared memory. All blocks combine the values in the same order, so they agree
+// bit for bit. A slot is rewritten only after the next cluster barrier, once every block has
+// read it; the kernel ends with a cluster barrier so no block exits while its slot is read.
+template <int G, int CLUSTER, typename A, class Op>
+__device__ __forceinline__ A row_reduce(A value, Op op, A identity, A* scratch, A* slot) {
+  value = group_reduce<G>(value, op, identity, scratch);
+  if constexpr (CLUSTER > 1) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+    cg::cluster_group cluster = cg::this_cluster();
+    if (threadIdx.x == 0) *slot = value;
+    cluster.sync();
+    const int lane = threadIdx.x % 32;
+    value = warp_reduce(lane < CLUSTER ? *cluster.map_shared_rank(slot, lane) : identity, op);
+#else
+    __trap();  // the host picks cluster rows only on sm_90 devices, which run sm_90 code
+#endif
+  }
+  return value;
+}
+
+template <int CLUSTER> __device__ __forceinline__ void cluster_exit_barrier() {
+  if constexpr (CLUSTER > 1) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+    cg::this_cluster().sync();
+#endif
+  }
+}
+
+// Max and sum of exp(logit - max) of one row, turned into what the outputs need.
+template <typename T, typename A = acc_t<T>> struct RowStats {
+  A max;      // 0 for a row with no finite logit, so exp(-inf - max) = 0
+  A inv_sum;  // 0 for a fully masked row: its probabilities are 0
+  A log_sum;
+  bool empty;  // NaN sums (a +inf or NaN logit) are not empty: NaN propagates as in torch
+  __device__ RowStats(A m, A s)
+      : max(m == neg_inf<A>() ? A(0) : m), inv_sum(s == A(0) ? A(0) : A(1) / s), log_sum(log_acc(s)), empty(s == A(0)) {}
+  __device__ A prob(A logit) const { return exp_acc<T>(logit - max) * inv_sum; }
+  __device__ A log_prob(A logit) const { return empty ? neg_inf<A>() : logit - max - log_sum; }
+  // Log-sum-exp saved for the backward: +inf for a fully masked row, so exp(logit - lse) = 0.
+  __device__ A lse() const { return empty ? pos_inf<A>() : max + log_sum; }
+};
+
+// ---- masking and dropout ---------------------------------------------------------------------
+
+// The mask of one row: a pointer to its first element and the causal limit.
+template <typename T> struct MaskRow {
+  const char* data;
+  int64_t col_stride_bytes;
+  int64_t last_visible;  // causal: columns past the query index are masked
+  MaskKind kind;
+
+  // Every column from c0 on is hidden by the causal mask: nothing there needs reading.
+  __device__ __forceinline__ bool hidden_from(int64_t c0) const { return c0 > last_visible; }
+
+  __device__ __forceinline__ acc_t<T> logit(int64_t col, acc_t<T> scaled) const {
+    if (col > last_visible) return neg_inf<acc_t<T>>();
+    if (kind == MaskKind::Bool) {
+      if (!data[col * col_stride_bytes]) return neg_inf<acc_t<T>>();
+    } else if (kind == MaskKind::Additive) {
+      scaled += to_acc(*reinterpret_cast<const T*>(data + col * col_stride_bytes));
+    }
+    return scaled;
+  }
+
+  // Masks VEC scaled logits starting at column c0, reading a bool mask with unit column stride
+  // as one aligned vector of VEC bytes where it can.
+  template <int VEC> __device__ __forceinline__ void apply(int64_t c0, acc_t<T> (&scaled)[VEC]) const {
+    const char* bytes = data + c0;
+    if (VEC > 1 && kind == MaskKind::Bool && col_stride_bytes == 1 && reinterpret_cast<uintptr_t>(bytes) % VEC == 0) {
+      const auto keep = load_vector<char, VEC>(bytes);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        if (!keep.val[j] || c0 + j > last_visible) scaled[j] = neg_inf<acc_t<T>>();
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) scaled[j] = logit(c0 + j, scaled[j]);
+    }
+  }
+};
+
+template <typename T>
+__device__ __forceinline__ MaskRow<T> mask_row(const MaskLayout& m, int64_t row, int64_t q_len, bool causal) {
+  const int64_t elem_bytes = m.kind == MaskKind::Bool ? 1 : static_cast<int64_t>(sizeof(T));
+  int64_t offset = 0, rest = row;
+#pragma unroll
+  for (int d = kMaxLeadDims - 1; d >= 0; --d) {
+    offset += (rest % m.lead_sizes[d]) * m.lead_strides[d];
+    rest /= m.lead_sizes[d];
+  }
+  const int64_t last_visible = causal ? row % q_len : std::numeric_limits<int64_t>::max();
+  return {static_cast<const char*>(m.data) + offset * elem_bytes, m.col_stride * elem_bytes, last_visible, m.kind};
+}
+
+// Bit j set when element e0 + j survives dropout (element index = linear index in the output).
+template <int VEC>
+__device__ __forceinline__ uint32_t keep_bits(const PhiloxKey& key, uint32_t threshold, int64_t e0) {
+  uint32_t bits = 0;
+  uint4 words;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    const int64_t e = e0 + j;
+    if (j == 0 || (e & 3) == 0) words = philox4x32_10(static_cast<uint64_t>(e) >> 2, key);
+    if (uint4_word(words, e) >= threshold) bits |= 1u << j;
+  }
+  return bits;
+}
+
+// ---- per-op arguments, in device types ---------------------------------------------------------
+
+template <typename T> struct ForwardArgs {
+  const T* x;
+  T* out;
+  int64_t rows, cols, x_row_stride;
+  acc_t<T> scale;
+  bool log;
+  // masked softmax only
+  acc_t<T>* lse;
+  int64_t* rng_state;
+  int64_t q_len;
+  MaskLayout mask;
+  bool causal, dropout;
+  uint32_t threshold;
+  acc_t<T> keep_scale;
+  PhiloxArgs philox;
+};
+
+// The backward reads two row tensors: `a` (y, or x for masked softmax) and dy.
+template <typename T> struct BackwardArgs {
+  const T* a;
+  const T* dy;
+  T* dx;
+  int64_t rows, cols, a_row_stride, dy_row_stride;
+  acc_t<T> scale;
+  bool log;
+  // masked softmax only
+  const acc_t<T>* lse;
+  const int64_t* rng_state;
+  int64_t q_len;
+  MaskLayout mask;
+  bool causal, dropout;
+  uint32_t threshold;
+  acc_t<T> keep_scale;
+};
+
+// What a forward row needs besides its data: the mask row and the dropout key.
+template <typename T, bool MASKED> struct ForwardRow {
+  MaskRow<T> mask;
+  PhiloxKey key;
+  __device__ ForwardRow(const ForwardArgs<T>& a, int64_t row) {
+    if constexpr (MASKED) {
+      mask = mask_row<T>(a.mask, row, a.q_len, a.causal);
+      if (a.dropout) key = unpack_philox(a.philox);
+    }
+  }
+  __device__ __forceinline__ bool hidden_from(int64_t c0) const {
+    if constexpr (MASKED) return mask.hidden_from(c0);
+    return false;
+  }
+  // The VEC logits of x[c0 ...]: scaled, then masked.
+  template <int VEC>
+  __device__ __forceinline__ void logits(const ForwardArgs<T>& a, int64_t c0, const AlignedVector<T, VEC>& x,
+                                         acc_t<T> (&out)[VEC]) const {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out[j] = to_acc(x.val[j]) * a.scale;
+    if constexpr (MASKED) mask.template apply<VEC>(c0, out);
+  }
+  // Stores the outputs of VEC elements starting at col c0 of `row`. `values` are logits, or with
+  // kExps (and never for log_softmax) the exp(logit - stats.max) already computed.
+  template <int VEC, bool kExps>
+  __device__ __forceinline__ void store(const ForwardArgs<T>& a, int64_t row, int64_t c0, const acc_t<T> (&values)[VEC],
+                        const RowStats<T>& stats) const {
+    AlignedVector<T, VEC> v;
+    uint32_t keep = ~0u;
+    if constexpr (MASKED) {
+      if (a.dropout) keep = keep_bits<VEC>(key, a.threshold, row * a.cols + c0);
+    }
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      acc_t<T> y;
+      if (!MASKED && a.log) {
+        y = stats.log_prob(values[j]);
+      } else {
+        y = (kExps ? values[j] * stats.inv_sum : stats.prob(values[j]));
+        if (MASKED && a.dropout) y = (keep >> j) & 1u ? y * a.keep_scale : acc_t<T>(0);
+      }
+      v.val[j] = from_acc<T>(y);
+    }
+    store_vector<T, VEC>(a.out + row * a.cols + c0, v);
+  }
+  __device__ __forceinline__ void finish(const ForwardArgs<T>& a, int64_t row, const RowStats<T>& stats) const {
+    if constexpr (MASKED) {
+      a.lse[row] = stats.lse();
+      if (a.dropout && row == 0) {  // one thread records the stream position for the backward
+        a.rng_state[0] = static_cast<int64_t>(key.seed);
+        a.rng_state[1] = static_cast<int64_t>(key.offset);
+      }
+    }
+  }
+};
+
+// A backward row turns loaded (a, dy) into (y, g) such that
+//   softmax:     partial = g * y,  dx = scale * y * (g - S)
+//   log_softmax: partial = g,      dx = scale * (g - exp(y) * S)
+// with S the row sum of partial. Masked softmax recomputes y = exp(logit - lse) and applies the
+// dropout mask to g.
+template <typename T, bool MASKED> struct BackwardRow {
+  MaskRow<T> mask;
+  PhiloxKey key;
+  acc_t<T> lse;
+  __device__ BackwardRow(const BackwardArgs<T>& a, int64_t row, bool valid) {
+    if constexpr (MASKED) {
+      mask = mask_row<T>(a.mask, row, a.q_len, a.causal);
+      lse = valid ? a.lse[row] : pos_inf<acc_t<T>>();
+      if (a.dropout) key = {static_cast<uint64_t>(a.rng_state[0]), static_cast<uint64_t>(a.rng_state[1])};
+    }
+  }
+  __device__ __forceinline__ bool hidden_from(int64_t c0) const {
+    if constexpr (MASKED) return mask.hidden_from(c0);
+    return false;
+  }
+  template <int VEC>
+  __device__ __forceinline__ void prepare(const BackwardArgs<T>& a, int64_t row, int64_t c0, const AlignedVector<T, VEC>& va,
+                          const AlignedVector<T, VEC>& vdy, acc_t<T> (&y)[VEC], acc_t<T> (&g)[VEC]) const {
+    if constexpr (MASKED) {
+      const uint32_t keep = a.dropout ? keep_bits<VEC>(key, a.threshold, row * a.cols + c0) : ~0u;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) y[j] = to_acc(va.val[j]) * a.scale;
+      mask.template apply<VEC>(c0, y);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        y[j] = exp_acc<T>(y[j] - lse);
+        const acc_t<T> dy = to_acc(vdy.val[j]);
+        g[j] = a.dropout ? ((keep >> j) & 1u ? dy * a.keep_scale : acc_t<T>(0)) : dy;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        y[j] = to_acc(va.val[j]);
+        g[j] = to_acc(vdy.val[j]);
+      }
+    }
+  }
+  __device__ __forceinline__ acc_t<T> partial(const BackwardArgs<T>& a, acc_t<T> y, acc_t<T> g) const {
+    return !MASKED && a.log ? g : g * y;
+  }
+  __device__ __forceinline__ acc_t<T> grad(const BackwardArgs<T>& a, acc_t<T> y, acc_t<T> g, acc_t<T> sum) const {
+    return !MASKED && a.log ? a.scale * (g - exp_acc<T>(y) * sum) : a.scale * y * (g - sum);
+  }
+};
+
+// ---- register rows ---------------------------------------------------------------------------
+
+template <typename T, int G, int ITEMS, int VEC, bool MASKED, int CLUSTER>
+__global__ void __launch_bounds__(block_threads(G)) register_forward_kernel(ForwardArgs<T> a) {
+  using A = acc_t<T>;
+  using Cursor = RowCursor<G, CLUSTER>;
+  __shared__ A scratch[32];
+  __shared__ A slots[2];
+  const int lane = Cursor::lane();
+  const int64_t slice = static_cast<int64_t>(Cursor::rank()) * G * ITEMS * VEC;
+  for (int64_t base = Cursor::first(); base < a.rows; base += Cursor::step()) {
+    const int64_t row = Cursor::row(base);
+    const bool valid = row < a.rows;
+    const ForwardRow<T, MASKED> ctx(a, valid ? row : 0);
+    A logits[ITEMS][VEC];
+    A max = neg_inf<A>();
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int64_t c0 = slice + static_cast<int64_t>(i * G + lane) * VEC;
+      // Vectors hidden by the causal mask are not read: their probabilities are 0.
+      if (valid && c0 < a.cols && !ctx.hidden_from(c0)) {
+        const auto v = load_vector<T, VEC>(a.x + row * a.x_row_stride + c0);
+        ctx.template logits<VEC>(a, c0, v, logits[i]);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) max = logits[i][j] > max ? logits[i][j] : max;
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) logits[i][j] = neg_inf<A>();
+      }
+    }
+    max = row_reduce<G, CLUSTER>(max, MaxOp{}, neg_inf<A>(), scratch, &slots[0]);
+    const A shift = max == neg_inf<A>() ? A(0) : max;
+    // softmax keeps exp(logit - max) in place of the logit; log_softmax keeps the logit.
+    const bool keep_exps = MASKED || !a.log;
+    A sum = 0;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i)
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const A e = exp_acc<T>(logits[i][j] - shift);
+        sum += e;
+        if (keep_exps) logits[i][j] = e;
+      }
+    sum = row_reduce<G, CLUSTER>(sum, SumOp{}, A(0), scratch, &slots[1]);
+    const RowStats<T> stats(max, sum);
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int64_t c0 = slice + static_cast<int64_t>(i * G + lane) * VEC;
+      if (valid && c0 < a.cols) {
+        if (keep_exps) {
+          ctx.template store<VEC, true>(a, row, c0, logits[i], stats);
+        } else {
+          ctx.template store<VEC, false>(a, row, c0, logits[i], stats);
+        }
+      }
+    }
+    if (valid && lane == 0 && Cursor::rank() == 0) ctx.finish(a, row, stats);
+  }
+  cluster_exit_barrier<CLUSTER>();
+}
+
+template <typename T, int G, int ITEMS, int VEC, bool MASKED, int CLUSTER>
+__global__ void __launch_bounds__(block_threads(G)) register_backward_kernel(BackwardArgs<T> a) {
+  using A = acc_t<T>;
+  using Cursor = RowCursor<G, CLUSTER>;
+  __shared__ A scratch[32];
+  __shared__ A slots[1];
+  const int lane = Cursor::lane();
+  const int64_t slice = static_cast<int64_t>(Cursor::rank()) * G * ITEMS * VEC;
+  for (int64_t base = Cursor::first(); base < a.rows; base += Cursor::step()) {
+    const int64_t row = Cursor::row(base);
+    const bool valid = row < a.rows;
+    const BackwardRow<T, MASKED> ctx(a, valid ? row : 0, valid);
+    A y[ITEMS][VEC], g[ITEMS][VEC];
+    A sum = 0;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int64_t c0 = slice + static_cast<int64_t>(i * G + lane) * VEC;
+      // Vectors hidden by the causal mask are not read: y = 0 there, so dx = 0.
+      if (valid && c0 < a.cols && !ctx.hidden_from(c0)) {
+        const auto va = load_vector<T, VEC>(a.a + row * a.a_row_stride + c0);
+        const auto vdy = load_vector<T, VEC>(a.dy + row * a.dy_row_stride + c0);
+        ctx.template prepare<VEC>(a, row, c0, va, vdy, y[i], g[i]);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) sum += ctx.partial(a, y[i][j], g[i][j]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) y[i][j] = g[i][j] = A(0);
+      }
+    }
+    sum = row_reduce<G, CLUSTER>(sum, SumOp{}, A(0), scratch, &slots[0]);
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int64_t c0 = slice + static_cast<int64_t>(i * G + lane) * VEC;
+      if (valid && c0 < a.cols) {
+        AlignedVector<T, VEC> v;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) v.val[j] = from_acc<T>(ctx.grad(a, y[i][j], g[i][j], sum));
+        store_vector<T, VEC>(a.dx + row * a.cols + c0, v);
+      }
+    }
+  }
+  cluster_exit_barrier<CLUSTER>();
+}
+
+// ---- streamed rows ---------------------------------------------------------------------------
+
+// Calls f(c0, vector) for each of the thread's vectors of the row, kStreamUnroll loads in flight.
+// With CACHE the vectors come from (and, on the first pass, go to) the row's shared-memory copy;
+// each thread reads back only what it wrote, so the copy needs no barrier.
+template <int G, int VEC, bool CACHE, bool FILL, typename T, class F>
+__device__ __forceinline__ void stream_row(const T* src, T* cache, int64_t cols, F f) {
+  const int lane = RowCursor<G>::lane();
+  for (int64_t c = static_cast<int64_t>(lane) * VEC; c < cols; c += int64_t(G) * VEC * kStreamUnroll) {
+    AlignedVector<T, VEC> v[kStreamUnroll];
+#pragma unroll
+    for (int u = 0; u < kStreamUnroll; ++u) {
+      const int64_t cu = c + int64_t(u) * G * VEC;
+      if (cu < cols) v[u] = CACHE && !FILL ? load_vector<T, VEC>(cache + cu) : load_vector<T, VEC>(src + cu);
+    }
+#pragma unroll
+    for (int u = 0; u < kStreamUnroll; ++u) {
+      const int64_t cu = c + int64_t(u) * G * VEC;
+      if (cu < cols) {
+        if (CACHE && FILL) store_vector<T, VEC>(cache + cu, v[u]);
+        f(cu, v[u]);
+      }
+    }
+  }
+}
+
+template <typename T, int G, int VEC, bool MASKED, bool CACHE>
+__global__ void __launch_bounds__(block_threads(G)) streamed_forward_kernel(ForwardArgs<T> a) {
+  using A = acc_t<T>;
+  using Cursor = RowCursor<G>;
+  static_assert(!CACHE || G > 32, "a cached row belongs to a whole block");
+  __shared__ A scratch[32];
+  extern __shared__ uint4 cache_storage[];
+  T* cache = reinterpret_cast<T*>(cache_storage);
+  for (int64_t base = Cursor::first(); base < a.rows; base += Cursor::step()) {
+    const int64_t row = Cursor::row(base);
+    const bool valid = row < a.rows;
+    const ForwardRow<T, MASKED> ctx(a, valid ? row : 0);
+    const T* x = a.x + row * a.x_row_stride;
+    const int64_t cols = valid ? a.cols : 0;
+    // Online max and sum: the running sum is rescaled whenever the running max grows.
+    A max = neg_inf<A>(), sum = 0;
+    stream_row<G, VEC, CACHE, true>(x, cache, cols, [&](int64_t c0, const AlignedVector<T, VEC>& v) {
+      A logits[VEC];
+      ctx.template logits<VEC>(a, c0, v, logits);
+      A vmax = neg_inf<A>();
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) vmax = logits[j] > vmax ? logits[j] : vmax;
+      if (vmax > max) {
+        sum *= exp_acc<T>(max - vmax);
+        max = vmax;
+      }
+      if (max != neg_inf<A>()) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) sum += exp_acc<T>(logits[j] - max);
+      }
+    });
+    const A row_max = group_reduce<G>(max, MaxOp{}, neg_inf<A>(), scratch);
+    sum = max == neg_inf<A>() ? A(0) : sum * exp_acc<T>(max - row_max);
+    sum = group_reduce<G>(sum, SumOp{}, A(0), scratch);
+    const RowStats<T> stats(row_max, sum);
+    stream_row<G, VEC, CACHE, false>(x, cache, cols, [&](int64_t c0, const AlignedVector<T, VEC>& v) {
+      A logits[VEC];
+      ctx.template logits<VEC>(a, c0, v, logits);
+      ctx.template store<VEC, false>(a, row, c0, logits, stats);
+    });
+    if (valid && Cursor::lane() == 0) ctx.finish(a, row, stats);
+  }
+}
+
+template <typename T, int G, int VEC, bool MASKED, bool CACHE>
+__global__ void __launch_bounds__(block_threads(G)) streamed_backward_kernel(BackwardArgs<T> a) {
+  using A = acc_t<T>;
+  using Cursor = RowCursor<G>;
+  static_assert(!CACHE || G > 32, "a cached row belongs to a whole block");
+  __shared__ A scratch[32];
+  extern __shared__ uint4 cache_storage[];
+  T* cache_a = reinterpret_cast<T*>(cache_storage);
+  T* cache_dy = cache_a + a.cols;
+  const int lane = Cursor::lane();
+  for (int64_t base = Cursor::first(); base < a.rows; base += Cursor::step()) {
+    const int64_t row = Cursor::row(base);
+    const bool valid = row < a.rows;
+    const BackwardRow<T, MASKED> ctx(a, valid ? row : 0, valid);
+    const T* src_a = a.a + row * a.a_row_stride;
+    const T* src_dy = a.dy + row * a.dy_row_stride;
+    const int64_t cols = valid ? a.cols : 0;
+    // Both tensors advance together: the same thread owns the same columns of each.
+    auto pass = [&](auto fill, auto f) {
+      constexpr bool kFill = decltype(fill)::value;
+      for (int64_t c = static_cast<int64_t>(lane) * VEC; c < cols; c += int64_t(G) * VEC * kStreamUnroll) {
+        AlignedVector<T, VEC> va[kStreamUnroll], vdy[kStreamUnroll];
+#pragma unroll
+        for (int u = 0; u < kStreamUnroll; ++u) {
+          const int64_t cu = c + int64_t(u) * G * VEC;
+          if (cu < cols) {
+            va[u] = load_vector<T, VEC>((CACHE && !kFill ? cache_a : src_a) + cu);
+            vdy[u] = load_vector<T, VEC>((CACHE && !kFill ? cache_dy : src_dy) + cu);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kStreamUnroll; ++u) {
+          const int64_t cu = c + int64_t(u) * G * VEC;
+          if (cu < cols) {
+            if (CACHE && kFill) {
+              store_vector<T, VEC>(cache_a + cu, va[u]);
+              store_vector<T, VEC>(cache_dy + cu, vdy[u]);
+            }
+            A y[VEC], g[VEC];
+            ctx.template prepare<VEC>(a, row, cu, va[u], vdy[u], y, g);
+            f(cu, y, g);
+          }
+        }
+      }
+    };
+    A sum = 0;
+    pass(std::true_type{}, [&](int64_t, const A(&y)[VEC], const A(&g)[VEC]) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) sum += ctx.partial(a, y[j], g[j]);
+    });
+    sum = group_reduce<G>(sum, SumOp{}, A(0), scratch);
+    pass(std::false_type{}, [&](int64_t c0, const A(&y)[VEC], const A(&g)[VEC]) {
+      AlignedVector<T, VEC> v;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) v.val[j] = from_acc<T>(ctx.grad(a, y[j], g[j], sum));
+      store_vector<T, VEC>(a.dx + row * a.cols + c0, v);
+    });
+  }
+}
+
+// ---- launch ----------------------------------------------------------------------------------
+
+int device_attribute(cudaDeviceAttr attribute) {
+  int device = 0, value = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&value, attribute, device);
+  return value;
+}
+
+int sm_count() { return std::max(device_attribute(cudaDevAttrMultiProcessorCount), 1); }
+
+// Blocks for a grid-stride loop over rows.
+int64_t row_blocks(int64_t rows, int group) {
+  const int64_t per_block = group <= 32 ? kSmallGroupBlock / group : 1;
+  return std::max<int64_t>(std::min<int64_t>((rows + per_block - 1) / per_block, int64_t(1) << 30), 1);
+}
+
+// Which row strategy a shape takes.
+struct Plan {
+  bool vectorized;  // 16-byte accesses: aligned pointers, row strides and cols multiples of VEC
+  int group;        // threads per row
+  int items;        // register rows: vectors per thread; 0 for streamed rows
+  int cluster;      // blocks per row of cluster rows, else 1
+  bool cache;       // streamed rows staged in shared memory (also the fallback of cluster rows)
+  size_t cache_bytes;
+};
+
+template <typename T>
+Plan make_plan(int64_t cols, bool aligned, int tensors) {
+  constexpr int kVec = kVec16<T>;
+  Plan plan{false, 32, 0, 1, false, 0};
+  plan.vectorized = aligned && cols % kVec == 0 && !std::is_same<T, double>::value;
+  if (!plan.vectorized) {
+    plan.group = cols <= 1024 ? 32 : kStreamThreads;
+    return plan;
+  }
+  constexpr int kItems = kRegisterElems / kVec;
+  const int64_t per_thread = kItems * kVec;
+  if (cols <= per_thread * 1024) {
+    const int64_t threads = (cols + per_thread - 1) / per_thread;
+    int group = 4;
+    while (group < threads) group *= 2;
+    plan.group = group;
+    plan.items = kItems;
+    return plan;
+  }
+  plan.group = kStreamThreads;
+  plan.cache_bytes = static_cast<size_t>(cols) * sizeof(T) * tensors;
+  plan.cache = plan.cache_bytes <= static_cast<size_t>(kMaxCacheBytes);
+  if (!plan.cache) plan.cache_bytes = 0;
+  const int64_t per_block = per_thread * kClusterThreads;
+  if (device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9 && cols <= per_block * kMaxCluster) {
+    int cluster = 2;
+    while (cluster * per_block < cols) cluster *= 2;
+    plan.cluster = cluster;
+    plan.items = kItems;
+  }
+  return plan;
+}
+
+template <class Kernel, class Args>
+cudaError_t launch_streamed(Kernel kernel, const Args& args, const Plan& plan, int64_t row_bytes, cudaStream_t stream) {
+  int64_t blocks = row_blocks(args.rows, plan.group);
+  if (plan.group > 32) {
+    if (plan.cache_bytes > 48 * 1024) {
+      const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   static_cast<int>(plan.cache_bytes));
+      if (err != cudaSuccess) return err;
+    }
+    int per_sm = 1;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, plan.group, plan.cache_bytes) != cudaSuccess) {
+      cudaGetLastError();  // only a sizing hint: clear it and assume one block per SM
+      per_sm = 1;
+    }
+    const int sms = sm_count();
+    // Without the cache the second pass re-reads the row: keep the rows in flight within L2.
+    const int64_t fit = plan.cache ? per_sm : std::max<int64_t>(1, kL2InFlightBytes / (sms * std::max<int64_t>(row_bytes, 1)));
+    blocks = std::min<int64_t>(blocks, int64_t(sms) * std::max<int64_t>(1, std::min<int64_t>(per_sm, fit)));
+  }
+  kernel<<<static_cast<unsigned>(blocks), block_threads(plan.group), plan.cache_bytes, stream>>>(args);
+  return cudaGetLastError();
+}
+
+// Launches `cluster` blocks per row (a cluster each); cudaErrorNotSupported, with no launch and
+// no error left behind, when the device cannot co-schedule such a cluster.
+template <class Kernel, class Args>
+cudaError_t launch_clusters(Kernel kernel, const Args& args, int cluster, cudaStream_t stream) {
+  const int64_t clusters = std::min<int64_t>(args.rows, (int64_t(1) << 30) / cluster);
+  cudaLaunchAttribute attribute;
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = cluster;
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(clusters * cluster));
+  config.blockDim = dim3(kClusterThreads);
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  int active = 0;
+  if ((cluster > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) ||
+      cudaOccupancyMaxActiveClusters(&active, kernel, &config) != cudaSuccess || active == 0) {
+    cudaGetLastError();  // clear the query's error: the caller falls back
+    return cudaErrorNotSupported;
+  }
+  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, args);
+  return err != cudaSuccess ? err : cudaGetLastError();
+}
+
+// Instantiates and launches the kernel of a plan: Launch::register_rows<G, ITEMS, VEC>(),
+// Launch::cluster_rows<CLUSTER, ITEMS, VEC>() or Launch::streamed<G, VEC, CACHE>().
+template <typename T, class Launch>
+cudaError_t dispatch_plan(const Plan& plan, Launch launch) {
+  constexpr int kVec = kVec16<T>;
+  constexpr int kItems = kRegisterElems / kVec;
+  if (plan.cluster > 1) {
+    cudaError_t err = cudaErrorNotSupported;
+    if constexpr (!std::is_same<T, double>::value) {
+      switch (plan.cluster) {
+        case 2: err = launch.template cluster_rows<2, kItems, kVec>(); break;
+        case 4: err = launch.template cluster_rows<4, kItems, kVec>(); break;
+        case 8: err = launch.template cluster_rows<8, kItems, kVec>(); break;
+        case 16: err = launch.template cluster_rows<16, kItems, kVec>(); break;
+        default: break;
+      }
+    }
+    if (err != cudaErrorNotSupported) return err;
+    // The device cannot hold such a cluster: stream the row instead.
+  } else if (plan.items > 0) {
+    if constexpr (!std::is_same<T, double>::value) {
+      switch (plan.group) {
+        case 4: return launch.template register_rows<4, kItems, kVec>();
+        case 8: return launch.template register_rows<8, kItems, kVec>();
+        case 16: return launch.template register_rows<16, kItems, kVec>();
+        case 32: return launch.template register_rows<32, kItems, kVec>();
+        case 64: return launch.template register_rows<64, kItems, kVec>();
+        case 128: return launch.template register_rows<128, kItems, kVec>();
+        case 256: return launch.template register_rows<256, kItems, kVec>();
+        case 512: return launch.template register_rows<512, kItems, kVec>();
+        case 1024: return launch.template register_rows<1024, kItems, kVec>();
+        default: return cudaErrorInvalidConfiguration;
+      }
+    }
+    return cudaErrorInvalidConfiguration;
+  }
+  if (!plan.vectorized) {
+    return plan.group == 32 ? launch.template streamed<32, 1, false>()
+                            : launch.template streamed<kStreamThreads, 1, false>();
+  }
+  if constexpr (!std::is_same<T, double>::value) {
+    return plan.cache ? launch.template streamed<kStreamThreads, kVec, true>()
+                      : launch.template streamed<kStreamThreads, kVec, false>();
+  }
+  return cudaErrorInvalidConfiguration;
+}
+
+template <typename T, bool MASKED> struct ForwardLaunch {
+  const ForwardArgs<T>& args;
+  const Plan& plan;
+  cudaStream_t stream;
+  template <int G, int ITEMS, int VEC> cudaError_t register_rows() const {
+    register_forward_kernel<T, G, ITEMS, VEC, MASKED, 1>
+        <<<static_cast<unsigned>(row_blocks(args.rows, G)), block_threads(G), 0, stream>>>(args);
+    return cudaGetLastError();
+  }
+  template <int CLUSTER, int ITEMS, int VEC> cudaError_t cluster_rows() const {
+    return launch_clusters(register_forward_kernel<T, kClusterThreads, ITEMS, VEC, MASKED, CLUSTER>, args, CLUSTER,
+                           stream);
+  }
+  template <int G, int VEC, bool CACHE> cudaError_t streamed() const {
+    return launch_streamed(streamed_forward_kernel<T, G, VEC, MASKED, CACHE>, args, plan,
+                           args.cols * int64_t(sizeof(T)), stream);
+  }
+};
+
+template <typename T, bool MASKED> struct BackwardLaunch {
+  const BackwardArgs<T>& args;
+  const Plan& plan;
+  cudaStream_t stream;
+  template <int G, int ITEMS, int VEC> cudaError_t register_rows() const {
+    register_backward_kernel<T, G, ITEMS, VEC, MASKED, 1>
+        <<<static_cast<unsigned>(row_blocks(args.rows, G)), block_threads(G), 0, stream>>>(args);
+    return cudaGetLastError();
+  }
+  template <int CLUSTER, int ITEMS, int VEC> cudaError_t cluster_rows() const {
+    return launch_clusters(register_backward_kernel<T, kClusterThreads, ITEMS, VEC, MASKED, CLUSTER>, args, CLUSTER,
+                           stream);
+  }
+  template <int G, int VEC, bool CACHE> cudaError_t streamed() const {
+    return launch_streamed(streamed_backward_kernel<T, G, VEC, MASKED, CACHE>, args, plan,
+                           2 * args.cols * int64_t(sizeof(T)), stream);
+  }
+};
+
+bool rows_aligned(const void* ptr, int64_t row_stride, int elem_bytes) {
+  return is_aligned(ptr, 16) && (row_stride * elem_bytes) % 16 == 0;
+}
+
+// Vectors of mask elements are read one by one, so the mask never limits vectorization.
+template <typename T>
+ForwardArgs<T> forward_args(const void* x, void* out, int64_t rows, int64_t cols, int64_t x_row_stride, double scale,
+                            bool log) {
+  ForwardArgs<T> a{};
+  a.x = static_cast<const T*>(x);
+  a.out = static_cast<T*>(out);
+  a.rows = rows;
+  a.cols = cols;
+  a.x_row_stride = x_row_stride;
+  a.scale = static_cast<acc_t<T>>(scale);
+  a.log = log;
+  a.q_len = 1;
+  return a;
+}
+
+template <typename T>
+BackwardArgs<T> backward_args(const void* a_ptr, const void* dy, void* dx, int64_t rows, int64_t cols,
+                              int64_t a_row_stride, int64_t dy_row_stride, double scale, bool log) {
+  BackwardArgs<T> a{};
+  a.a = static_cast<const T*>(a_ptr);
+  a.dy = static_cast<const T*>(dy);
+  a.dx = static_cast<T*>(dx);
+  a.rows = rows;
+  a.cols = cols;
+  a.a_row_stride = a_row_stride;
+  a.dy_row_stride = dy_row_stride;
+  a.scale = static_cast<acc_t<T>>(scale);
+  a.log = log;
+  a.q_len = 1;
+  return a;
+}
+
+}  // namespace
+
+cudaError_t launch_softmax_fwd(const SoftmaxParams& p, DType dtype, cudaStream_t stream) {
+  if (p.rows == 0 || p.cols == 0) return cudaSuccess;
+  return FUSEDOPS_DISPATCH_FLOAT_TYPES(dtype, T, [&] {
+    const auto args = forward_args<T>(p.x, p.y, p.rows, p.cols, p.x_row_stride, p.scale, p.log);
+    const bool aligned = rows_aligned(p.x, p.x_row_stride, sizeof(T)) && is_aligned(p.y, 16);
+    const Plan plan = make_plan<T>(p.cols, aligned, 1);
+    return dispatch_plan<T>(plan, ForwardLaunch<T, false>{args, plan, stream});
+  });
+}
+
+cudaError_t launch_softmax_bwd(const SoftmaxBackwardParams& p, DType dtype, cudaStream_t stream) {
+  if (p.rows == 0 || p.cols == 0) return cudaSuccess;
+  return FUSEDOPS_DISPATCH_FLOAT_TYPES(dtype, T, [&] {
+    const auto args = backward_args<T>(p.y, p.dy, p.dx, p.rows, p.cols, p.y_row_stride, p.dy_row_stride, p.scale, p.log);
+    const bool aligned = rows_aligned(p.y, p.y_row_stride, sizeof(T)) &&
+                         rows_aligned(p.dy, p.dy_row_stride, sizeof(T)) && is_aligned(p.dx, 16);
+    const Plan plan = make_plan<T>(p.cols, aligned, 2);
+    return dispatch_plan<T>(plan, BackwardLaunch<T, false>{args, plan, stream});
+  });
+}
+
+cudaError_t launch_masked_softmax_fwd(const MaskedSoftmaxParams& p, DType dtype, cudaStream_t stream) {
+  if (p.rows == 0 || p.cols == 0) return cudaSuccess;
+  return FUSEDOPS_DISPATCH_FLOAT_TYPES(dtype, T, [&] {
+    auto args = forward_args<T>(p.x, p.out, p.rows, p.cols, p.x_row_stride, p.scale, false);
+    args.lse = static_cast<decltype(args.lse)>(p.lse);
+    args.rng_state = p.rng_state;
+    args.q_len = p.q_len;
+    args.mask = p.mask;
+    args.causal = p.causal;
+    args.dropout = p.dropout;
+    args.threshold = dropout_threshold(p.p);
+    args.keep_scale = static_cast<acc_t<T>>(1.0 / (1.0 - p.p));
+    args.philox = p.philox;
+    const bool aligned = rows_aligned(p.x, p.x_row_stride, sizeof(T)) && is_aligned(p.out, 16);
+    const Plan plan = make_plan<T>(p.cols, aligned, 1);
+    return dispatch_plan<T>(plan, ForwardLaunch<T, true>{args, plan, stream});
+  });
+}
+
+cudaError_t launch_masked_softmax_bwd(const MaskedSoftmaxBackwardParams& p, DType dtype, cudaStream_t stream) {
+  if (p.rows == 0 || p.cols == 0) return cudaSuccess;
+  return FUSEDOPS_DISPATCH_FLOAT_TYPES(dtype, T, [&] {
+    auto args = backward_args<T>(p.x, p.dy, p.dx, p.rows, p.cols, p.x_row_stride, p.dy_row_stride, p.scale, false);
+    args.lse = static_cast<decltype(args.lse)>(p.lse);
+    args.rng_state = p.rng_state;
+    args.q_len = p.q_len;
+    args.mask = p.mask;
+    args.causal = p.causal;
+    args.dropout = p.dropout;
+    args.threshold = dropout_threshold(p.p);
+    args.keep_scale = static_cast<acc_t<T>>(1.0 / (1.0 - p.p));
+    const bool aligned = rows_aligned(p.x, p.x_row_stride, sizeof(T)) &&
+                         rows_aligned(p.dy, p.dy_row_stride, sizeof(T)) && is_aligned(p.dx, 16);
+    const Plan plan = make_plan<T>(p.cols, aligned, 2);
+    return dispatch_plan<T>(plan, BackwardLaunch<T, true>{args, plan, stream});
+  });
+}
+
+}  // namespace fusedops

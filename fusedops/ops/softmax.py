@@ -1,0 +1,160 @@
+"""Softmax family: registrations (CPU reference, fake, autograd) and public wrappers.
+
+The ops work along the last dim; `dim != -1` moves that dim last with an explicit copy."""
+import torch
+
+from .. import reference
+from . import _checks
+
+ops = torch.ops.fusedops
+
+
+# ---- softmax / log_softmax -------------------------------------------------------------------
+
+torch.library.register_kernel("fusedops::softmax_fwd", "cpu", reference.softmax)
+torch.library.register_kernel("fusedops::softmax_bwd", "cpu", reference.softmax_backward)
+
+
+@torch.library.register_fake("fusedops::softmax_fwd")
+def _(x, scale, log):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("fusedops::softmax_bwd")
+def _(grad, y, scale, log):
+    return torch.empty_like(y, memory_format=torch.contiguous_format)
+
+
+def _softmax_setup(ctx, inputs, output):
+    _, ctx.scale, ctx.log = inputs
+    ctx.save_for_backward(output)
+
+
+def _softmax_backward(ctx, grad):
+    (y,) = ctx.saved_tensors
+    return ops.softmax_bwd(grad, y, ctx.scale, ctx.log), None, None
+
+
+torch.library.register_autograd("fusedops::softmax_fwd", _softmax_backward, setup_context=_softmax_setup)
+
+
+# ---- masked_softmax --------------------------------------------------------------------------
+
+
+def _masked_softmax_cpu(x, mask, scale, causal, p, training):
+    dropout = training and p > 0
+    rng_state = reference.new_rng_state() if dropout else torch.zeros(2, dtype=torch.int64)
+    out, lse = reference.masked_softmax(x, mask, scale, causal, p if dropout else 0.0, rng_state)
+    return out, lse, rng_state.to(x.device)
+
+
+torch.library.register_kernel("fusedops::masked_softmax_fwd", "cpu", _masked_softmax_cpu)
+torch.library.register_kernel("fusedops::masked_softmax_bwd", "cpu", reference.masked_softmax_backward)
+
+
+@torch.library.register_fake("fusedops::masked_softmax_fwd")
+def _(x, mask, scale, causal, p, training):
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    lse = x.new_empty(x.shape[:-1], dtype=reference.acc_dtype(x.dtype))
+    return out, lse, x.new_empty((2,), dtype=torch.int64)
+
+
+@torch.library.register_fake("fusedops::masked_softmax_bwd")
+def _(grad, x, mask, lse, rng_state, scale, causal, p):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _masked_softmax_setup(ctx, inputs, output):
+    x, mask, ctx.scale, ctx.causal, p, training = inputs
+    ctx.p = p if training and p > 0 else 0.0
+    ctx.save_for_backward(x, mask, output[1], output[2])
+
+
+def _masked_softmax_backward(ctx, grad, _grad_lse, _grad_rng_state):
+    x, mask, lse, rng_state = ctx.saved_tensors
+    grad_x = ops.masked_softmax_bwd(grad, x, mask, lse, rng_state, ctx.scale, ctx.causal, ctx.p)
+    return grad_x, None, None, None, None, None
+
+
+torch.library.register_autograd(
+    "fusedops::masked_softmax_fwd", _masked_softmax_backward, setup_context=_masked_softmax_setup
+)
+
+
+# ---- public wrappers -------------------------------------------------------------------------
+
+
+def _check_scale(scale):
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"fusedops: scale must be a Python number, got {type(scale).__name__}")
+    return float(scale)
+
+
+def _check_dim(dim, input):
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"fusedops: dim must be an int, got {type(dim).__name__}")
+    ndim = max(input.dim(), 1)
+    if not -ndim <= dim < ndim:
+        raise IndexError(f"fusedops: dim {dim} is out of range for input with {input.dim()} dims")
+    return dim % ndim
+
+
+def _along_dim(input, dim, fn):
+    """fn over the last dim; another dim is moved last with an explicit copy and moved back."""
+    dim = _check_dim(dim, input)
+    if input.dim() == 0 or dim == input.dim() - 1:
+        return fn(input)
+    return fn(input.movedim(dim, -1).contiguous()).movedim(-1, dim)
+
+
+def softmax(input, dim=-1, *, scale=1.0):
+    """softmax(scale * input) along dim, as torch.softmax; fp32 accumulation, output in input's dtype.
+    A row whose logits are all -inf gives zeros (torch gives NaN)."""
+    _checks.check_input(input, "input")
+    scale = _check_scale(scale)
+    return _along_dim(input, dim, lambda t: ops.softmax_fwd(t, scale, False))
+
+
+def log_softmax(input, dim=-1, *, scale=1.0):
+    """log_softmax(scale * input) along dim, as torch.log_softmax."""
+    _checks.check_input(input, "input")
+    scale = _check_scale(scale)
+    return _along_dim(input, dim, lambda t: ops.softmax_fwd(t, scale, True))
+
+
+def _check_mask(mask, input):
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"fusedops: mask must be a torch.Tensor or None, got {type(mask).__name__}")
+    if mask.device != input.device:
+        raise ValueError(f"fusedops: mask is on {mask.device} but input is on {input.device}")
+    if mask.dtype not in (torch.bool, input.dtype):
+        raise TypeError(f"fusedops: mask must be bool or have input's dtype {input.dtype}, got {mask.dtype}")
+    broadcastable = mask.dim() <= input.dim() and all(
+        m in (1, n) for m, n in zip(reversed(mask.shape), reversed(input.shape))
+    )
+    if not broadcastable:
+        raise ValueError(
+            f"fusedops: mask of shape {tuple(mask.shape)} is not broadcastable to input of shape {tuple(input.shape)}"
+        )
+
+
+def masked_softmax(input, mask=None, *, scale=1.0, causal=False, dropout_p=0.0, training=True):
+    """dropout(softmax(scale * input + mask)) over the last dim, in one pass.
+
+    mask: bool (True = keep, as in F.scaled_dot_product_attention) or additive float of input's
+    dtype, broadcastable to input (e.g. [B, 1, Lq, Lk] or [B, 1, 1, Lk]); read through its
+    broadcast strides, never expanded. causal=True lets query i see keys j <= i (top-left
+    aligned) over the last two dims (Lq, Lk) and combines with mask. A fully masked row gives
+    zeros and a zero gradient. Dropout uses the Philox stream of PyTorch's generator of input's
+    device. The mask gets no gradient."""
+    _checks.check_input(input, "input")
+    if input.dim() < (2 if causal else 1):
+        raise ValueError(
+            f"fusedops: input must have at least {2 if causal else 1} dims"
+            f"{' (..., Lq, Lk) with causal=True' if causal else ''}, got shape {tuple(input.shape)}"
+        )
+    if mask is not None:
+        _check_mask(mask, input)
+    scale = _check_scale(scale)
+    _checks.check_probability(dropout_p, "dropout_p")
+    return ops.masked_softmax_fwd(input, mask, scale, bool(causal), float(dropout_p), bool(training))[0]

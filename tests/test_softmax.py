@@ -1,0 +1,414 @@
+"""Softmax family: API and errors (CPU, run in CI), numerics, masks and dropout on the GPU."""
+import pytest
+import torch
+from torch.library import opcheck
+
+import fusedops
+from fusedops import reference
+from conftest import assert_close_to_reference
+
+ops = torch.ops.fusedops
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# Row lengths by the path they take: 1 and 7, 41, 1023, 4097 (no 16-byte vector fits: streamed
+# scalar rows), 8 and 128 (sub-warp groups), 1024 (a warp per row), 4096 and 16384 (a block per
+# row, in registers), 32768 (streamed, staged in shared memory), 65536 (streamed, second pass
+# from L2); plus a row count past 65535 (1-D grid over rows).
+SHAPES = [(1,), (3, 7), (6, 41), (5, 1023), (4, 4097), (70000, 8), (3, 5, 128), (33, 1024), (2, 3, 4096),
+          (7, 16384), (3, 32768), (2, 65536)]
+LONG_SHAPES = [(2, 262144), (1, 1048576)]
+
+
+def _torch_softmax(x, scale, log):
+    z = x * scale
+    return torch.log_softmax(z, -1) if log else torch.softmax(z, -1)
+
+
+def _torch_masked(x, mask, scale, causal):
+    """PyTorch's own masked softmax in x's dtype: where + softmax, fully masked rows as zeros."""
+    z = reference.masked_logits(x, mask, scale, causal).to(x.dtype)
+    return torch.softmax(z, -1).nan_to_num(0.0)
+
+
+def _grads(fn, x, grad):
+    x = x.detach().requires_grad_(True)  # keeps x's strides and storage offset
+    out = fn(x)
+    (dx,) = torch.autograd.grad(out, x, grad)
+    return out.detach(), dx
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: errors, reference semantics, opcheck, torch.compile
+
+
+def test_errors_name_the_argument():
+    x = torch.randn(2, 3, 4, 8)
+    with pytest.raises(TypeError, match="input must be"):
+        fusedops.softmax(torch.ones(4, dtype=torch.int32))
+    with pytest.raises(TypeError, match="input must be a torch.Tensor"):
+        fusedops.log_softmax([1.0, 2.0])
+    with pytest.raises(IndexError, match="dim 4 is out of range"):
+        fusedops.softmax(x, 4)
+    with pytest.raises(TypeError, match="dim must be an int"):
+        fusedops.softmax(x, 1.0)
+    with pytest.raises(TypeError, match="scale must be a Python number"):
+        fusedops.log_softmax(x, scale="2")
+    with pytest.raises(TypeError, match="mask must be bool or have input's dtype"):
+        fusedops.masked_softmax(x, torch.ones(8, dtype=torch.int64))
+    with pytest.raises(ValueError, match="mask of shape \\(3, 1, 1, 8\\) is not broadcastable"):
+        fusedops.masked_softmax(x, torch.ones(3, 1, 1, 8, dtype=torch.bool))
+    with pytest.raises(ValueError, match="mask of shape"):
+        fusedops.masked_softmax(x, torch.ones(1, 2, 3, 4, 8, dtype=torch.bool))
+    with pytest.raises(TypeError, match="mask must be a torch.Tensor"):
+        fusedops.masked_softmax(x, "causal")
+    with pytest.raises(ValueError, match="input must have at least 2 dims"):
+        fusedops.masked_softmax(torch.randn(8), causal=True)
+    for p in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="dropout_p must be a number in \\[0, 1\\)"):
+            fusedops.masked_softmax(x, dropout_p=p)
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_cpu_matches_torch(log):
+    x = torch.randn(3, 5, 40)
+    for dim in (-1, 1, 0):
+        ours = (fusedops.log_softmax if log else fusedops.softmax)(x, dim, scale=0.7)
+        theirs = torch.log_softmax(0.7 * x, dim) if log else torch.softmax(0.7 * x, dim)
+        torch.testing.assert_close(ours, theirs)
+
+
+def test_cpu_gradients_match_autograd():
+    x = torch.randn(4, 7, dtype=torch.float64, requires_grad=True)
+    torch.autograd.gradcheck(lambda t: fusedops.softmax(t, scale=1.3), (x,))
+    torch.autograd.gradcheck(lambda t: fusedops.log_softmax(t, 0, scale=-0.4), (x,))
+    mask = torch.rand(4, 7) > 0.3
+    mask[:, 0] = True
+    torch.autograd.gradcheck(lambda t: fusedops.masked_softmax(t, mask, scale=0.5), (x,))
+    torch.autograd.gradcheck(lambda t: fusedops.masked_softmax(t, causal=True, scale=2.0), (x,))
+
+
+def test_cpu_masked_matches_sdpa_conventions():
+    x = torch.randn(2, 3, 6, 9)
+    keep = torch.rand(2, 1, 6, 9) > 0.4
+    additive = torch.randn(2, 1, 1, 9)
+    for mask in (keep, additive, None):
+        for causal in (False, True):
+            ours = fusedops.masked_softmax(x, mask, scale=0.3, causal=causal)
+            z = 0.3 * x
+            if mask is not None:
+                z = z.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else z + mask
+            if causal:
+                z = z.masked_fill(~torch.ones(6, 9, dtype=torch.bool).tril(), float("-inf"))
+            torch.testing.assert_close(ours, torch.softmax(z, -1).nan_to_num(0.0))
+
+
+def _fully_masked_rows_check(device, dtype=torch.float32):
+    x = torch.randn(3, 4, 16, dtype=dtype, device=device, requires_grad=True)
+    mask = torch.rand(3, 4, 16, device=device) > 0.5
+    mask[0, 1] = False
+    mask[2, :] = False
+    out = fusedops.masked_softmax(x, mask)
+    assert not torch.isnan(out).any()
+    assert (out[0, 1] == 0).all() and (out[2] == 0).all()
+    out.backward(torch.randn_like(out))
+    assert not torch.isnan(x.grad).any()
+    assert (x.grad[0, 1] == 0).all() and (x.grad[2] == 0).all()
+    assert (x.grad[~mask] == 0).all()
+
+
+def test_cpu_fully_masked_rows_give_zeros():
+    _fully_masked_rows_check("cpu")
+
+
+def _op_samples(device, dtype):
+    x = torch.randn(4, 6, 12, dtype=dtype, device=device, requires_grad=True)
+    mask = torch.rand(4, 1, 12, device=device) > 0.3
+    additive = torch.randn(1, 6, 12, dtype=dtype, device=device)
+    return [
+        (ops.softmax_fwd, (x, 0.5, False)),
+        (ops.softmax_fwd, (x, 1.0, True)),
+        (ops.softmax_bwd, (torch.randn_like(x), torch.softmax(x, -1).detach(), 2.0, False)),
+        (ops.masked_softmax_fwd, (x, mask, 0.5, True, 0.0, True)),
+        (ops.masked_softmax_fwd, (x, additive, 1.0, False, 0.0, True)),
+        (ops.masked_softmax_fwd, (x, None, 1.0, True, 0.0, False)),
+    ]
+
+
+def test_opcheck_cpu():
+    for op, args in _op_samples("cpu", torch.float32):
+        opcheck(op, args)
+    x = torch.randn(4, 6, 12)
+    out, lse, rng = ops.masked_softmax_fwd(x, None, 1.0, True, 0.0, True)
+    opcheck(ops.masked_softmax_bwd, (torch.randn_like(x), x, None, lse, rng, 1.0, True, 0.0))
+
+
+def _compiled_matches_eager(device, dtype):
+    x = torch.randn(3, 4, 8, 40, dtype=dtype, device=device)
+    mask = torch.rand(3, 1, 8, 40, device=device) > 0.3
+    grad = torch.randn_like(x)
+
+    def fn(t):
+        return (fusedops.softmax(t, scale=0.5) + fusedops.log_softmax(t, 2)
+                + fusedops.masked_softmax(t, mask, scale=0.3, causal=True))
+
+    eager_out, eager_dx = _grads(fn, x, grad)
+    compiled_out, compiled_dx = _grads(torch.compile(fn, fullgraph=True), x, grad)
+    torch.testing.assert_close(compiled_out, eager_out)
+    torch.testing.assert_close(compiled_dx, eager_dx)
+
+
+def test_compile_fullgraph_cpu():
+    _compiled_matches_eager("cpu", torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: numerics against a float64 reference, with PyTorch's own error as the yardstick
+
+
+def _check_softmax(shape, dtype, log, scale=1.0, x=None, grad=None):
+    x = torch.randn(shape, dtype=dtype, device="cuda") if x is None else x
+    grad = torch.randn(shape, dtype=dtype, device="cuda") if grad is None else grad
+    fn = fusedops.log_softmax if log else fusedops.softmax
+    out, dx = _grads(lambda t: fn(t, scale=scale), x, grad)
+    ref_out, ref_dx = _grads(lambda t: _torch_softmax(t, scale, log), x.double(), grad.double())
+    torch_out, torch_dx = _grads(lambda t: _torch_softmax(t, scale, log), x, grad)
+    assert_close_to_reference(out, ref_out, torch_out, name="output")
+    assert_close_to_reference(dx, ref_dx, torch_dx, name="grad")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_matches_reference(shape, dtype, log):
+    _check_softmax(shape, dtype, log, scale=0.8)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", LONG_SHAPES, ids=str)
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_long_rows(shape, dtype, log):
+    _check_softmax(shape, dtype, log)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_float64(log):
+    for shape in [(3, 7), (4, 1024), (2, 5000)]:
+        _check_softmax(shape, torch.float64, log, scale=1.5)
+
+
+@pytest.mark.gpu
+@pytest.mark.sanitizer
+@pytest.mark.parametrize("shape", [(3, 7), (5, 64), (4, 1024), (2, 4096), (2, 20000), (1, 70000)], ids=str)
+def test_softmax_small_cases_sanitizer(shape):
+    for log in (False, True):
+        _check_softmax(shape, torch.float16, log)
+        _check_softmax(shape, torch.float32, log)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cols", [7, 1024, 4096, 40000])
+def test_views_used_in_place(dtype, cols):
+    """Row-strided views (aligned and at storage offset 1) and a non-contiguous grad_output."""
+    base = torch.randn(6, 2 * cols + 8, dtype=dtype, device="cuda")
+    for x in (base[:, :cols], base[:, 1:cols + 1], base[:, 8:cols + 8]):
+        grad = torch.randn(cols, 6, dtype=dtype, device="cuda").t()
+        _check_softmax(x.shape, dtype, False, x=x, grad=grad)
+        _check_softmax(x.shape, dtype, True, x=x, grad=grad)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dim_other_than_last(dtype):
+    x = torch.randn(4, 300, 6, dtype=dtype, device="cuda")
+    for dim in (0, 1, -2):
+        for fn, ref in ((fusedops.softmax, torch.softmax), (fusedops.log_softmax, torch.log_softmax)):
+            out = fn(x, dim)
+            assert_close_to_reference(out, ref(x.double(), dim), ref(x, dim))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cols", [9, 256, 4096, 40000])
+def test_infinities_and_large_inputs(dtype, cols):
+    big = 1e4 if dtype == torch.float16 else 1e30  # fp16 tops out at 65504
+    x = torch.randn(4, cols, dtype=torch.float32, device="cuda") * big
+    x = x.to(dtype)
+    x[1, ::3] = float("-inf")  # -inf entries get probability 0
+    x[2] = float("-inf")       # a row with no finite logit gives zeros (torch: NaN)
+    x[3, 1] = float("inf")     # +inf makes the row NaN, as in torch
+    out = fusedops.softmax(x)
+    ref = torch.softmax(x.double(), -1)
+    torch.testing.assert_close(out[:2].double(), ref[:2], atol=1e-2 if dtype != torch.float32 else 1e-6, rtol=0)
+    assert (out[1, ::3] == 0).all()
+    assert (out[2] == 0).all()
+    assert torch.isnan(out[3]).any()
+    log_out = fusedops.log_softmax(x)
+    assert (log_out[2] == float("-inf")).all()
+    assert (log_out[1, ::3] == float("-inf")).all()
+
+
+@pytest.mark.gpu
+def test_softmax_repeatable():
+    x = torch.randn(64, 5000, device="cuda")
+    grad = torch.randn_like(x)
+    first = _grads(fusedops.softmax, x, grad)
+    second = _grads(fusedops.softmax, x, grad)
+    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+
+
+# ---- masked_softmax ----------------------------------------------------------------------------
+
+
+def _keep_mask(shape, p_keep=0.7):
+    """A random bool mask that keeps key 0 of every row, so no row is fully masked and PyTorch's
+    own result (the yardstick) has no NaN."""
+    mask = torch.rand(shape, device="cuda") < p_keep
+    mask[..., 0] = True
+    return mask
+
+
+def _check_masked(x, mask, scale, causal, grad=None):
+    grad = torch.randn_like(x) if grad is None else grad
+    out, dx = _grads(lambda t: fusedops.masked_softmax(t, mask, scale=scale, causal=causal), x, grad)
+    mask64 = mask.double() if mask is not None and mask.dtype != torch.bool else mask
+    ref_out, ref_dx = _grads(lambda t: _torch_masked(t, mask64, scale, causal), x.double(), grad.double())
+    torch_out, torch_dx = _grads(lambda t: _torch_masked(t, mask, scale, causal), x, grad)
+    assert_close_to_reference(out, ref_out, torch_out, name="output")
+    assert_close_to_reference(dx, ref_dx, torch_dx, name="grad")
+
+
+def _mask_shapes(kind, lq, lk):
+    if kind == "bool":
+        return [(2, 1, lq, lk), (2, 1, 1, lk), (lq, lk), (2, 3, lq, lk)]
+    if kind == "additive":
+        return [(2, 1, lq, lk), (1, 3, lq, 1), (lk,)]
+    return [None]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("seq", [(5, 7), (64, 64), (33, 1024), (8, 4096), (4, 20000)], ids=str)
+@pytest.mark.parametrize("kind", ["bool", "additive", "none"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_masked_softmax_matches_reference(dtype, seq, kind, causal):
+    """Broadcast masks of several shapes, read through their strides (0 along broadcast dims)."""
+    lq, lk = seq
+    x = torch.randn(2, 3, lq, lk, dtype=dtype, device="cuda")
+    for shape in _mask_shapes(kind, lq, lk):
+        mask = None
+        if kind == "bool":
+            mask = _keep_mask(shape)
+        elif kind == "additive":
+            mask = torch.randn(shape, dtype=dtype, device="cuda")
+        _check_masked(x, mask, 0.6, causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_masked_softmax_many_rows_and_views(dtype):
+    x = torch.randn(70000, 8, dtype=dtype, device="cuda")
+    mask = _keep_mask((8,))
+    _check_masked(x, mask, 1.0, False)
+    x = torch.randn(2, 4, 300, 300, dtype=dtype, device="cuda")
+    mask = _keep_mask((1, 1, 300, 300)).expand(2, 1, 300, 300)  # stride-0 view
+    grad = torch.randn(300, 2, 4, 300, dtype=dtype, device="cuda").permute(1, 2, 0, 3)  # non-contiguous
+    _check_masked(x, mask, 0.125, True, grad)
+    base = torch.randn(2, 4, 64, 130, dtype=dtype, device="cuda")
+    _check_masked(base[..., 1:129], None, 1.0, True)  # offset view, row stride 130
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_masked_fully_masked_rows(dtype):
+    _fully_masked_rows_check("cuda", dtype)
+    x = torch.randn(2, 2, 8, 5000, dtype=dtype, device="cuda", requires_grad=True)
+    mask = torch.ones(2, 1, 8, 5000, dtype=torch.bool, device="cuda")
+    mask[1, 0, 3] = False
+    out = fusedops.masked_softmax(x, mask, dropout_p=0.2)
+    out.backward(torch.randn_like(out))
+    assert (out[1, :, 3] == 0).all() and (x.grad[1, :, 3] == 0).all()
+    assert not torch.isnan(out).any() and not torch.isnan(x.grad).any()
+
+
+@pytest.mark.gpu
+@pytest.mark.sanitizer
+def test_masked_small_cases_sanitizer():
+    for dtype in (torch.float16, torch.float32):
+        x = torch.randn(2, 3, 9, 33, dtype=dtype, device="cuda")
+        _check_masked(x, _keep_mask((2, 1, 9, 33)), 0.5, True)
+        x = torch.randn(1, 2, 4, 20000, dtype=dtype, device="cuda")
+        _check_masked(x, torch.randn(1, 1, 1, 20000, dtype=dtype, device="cuda"), 1.0, False)
+        y = fusedops.masked_softmax(x.requires_grad_(True), None, dropout_p=0.3)
+        y.sum().backward()
+
+
+# ---- dropout -----------------------------------------------------------------------------------
+
+
+def _dropout_run(x, mask, p, seed, causal=False):
+    torch.manual_seed(seed)
+    xg = x.detach().clone().requires_grad_(True)
+    out = fusedops.masked_softmax(xg, mask, scale=0.5, causal=causal, dropout_p=p)
+    grad = torch.ones_like(out)
+    out.backward(grad)
+    return out.detach(), xg.grad
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dropout_fraction_and_reproducibility(dtype):
+    p = 0.3
+    x = torch.randn(16, 64, 1024, dtype=dtype, device="cuda")  # 2^20 elements
+    out, dx = _dropout_run(x, None, p, seed=1)
+    dropped = (out == 0).double().mean().item()
+    assert abs(dropped - p) < 0.01
+    out2, dx2 = _dropout_run(x, None, p, seed=1)
+    assert torch.equal(out, out2) and torch.equal(dx, dx2)
+    out3, _ = _dropout_run(x, None, p, seed=2)
+    assert not torch.equal(out == 0, out3 == 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("lk", [7, 128, 1024, 20000])
+def test_dropout_matches_reference(dtype, lk):
+    """The kernel's keep mask is the Philox stream of the reference, bit for bit."""
+    x = torch.randn(2, 3, 5, lk, dtype=dtype, device="cuda")
+    mask = torch.rand(2, 1, 5, lk, device="cuda") > 0.2
+    grad = torch.randn_like(x)
+    xg = x.clone().requires_grad_(True)
+    out, lse, rng_state = ops.masked_softmax_fwd(xg, mask, 0.5, True, 0.25, True)
+    (dx,) = torch.autograd.grad(out, xg, grad)
+    ref_out, ref_lse = reference.masked_softmax(x.double(), mask, 0.5, True, 0.25, rng_state)
+    ref_dx = reference.masked_softmax_backward(grad.double(), x.double(), mask, ref_lse, rng_state, 0.5, True, 0.25)
+    keep = reference.dropout_keep_mask(x.shape, rng_state, 0.25).cuda()
+    assert (out[~keep] == 0).all() and (dx[~keep] != 0).any()
+    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}[dtype]
+    torch.testing.assert_close(out.double(), ref_out, atol=tol, rtol=tol)
+    torch.testing.assert_close(dx.double(), ref_dx, atol=tol, rtol=tol)
+    torch.testing.assert_close(lse.double(), ref_lse, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.gpu
+def test_dropout_off_in_eval():
+    x = torch.randn(4, 8, 64, device="cuda")
+    torch.testing.assert_close(fusedops.masked_softmax(x, dropout_p=0.5, training=False), torch.softmax(x, -1))
+
+
+# ---- opcheck and torch.compile on CUDA ---------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_opcheck_cuda():
+    for dtype in DTYPES:
+        for op, args in _op_samples("cuda", dtype):
+            opcheck(op, args)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compile_fullgraph_cuda(dtype):
+    _compiled_matches_eager("cuda", dtype)
