@@ -63,4 +63,16 @@ inline uint32_t dropout_threshold(double p) {
   return static_cast<uint32_t>(p * 65536.0);
 }
 
+// Draws the keep decisions of elements e0 .. e0 + VEC - 1 and calls f(j, keep) for each.
+template <int VEC, class F>
+__device__ __forceinline__ void for_each_keep(const PhiloxKey& key, uint32_t threshold, int64_t e0, F f) {
+  uint4 block = philox4x32_10(static_cast<uint64_t>(e0) / kDropoutDrawsPerBlock, key);
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    const int64_t e = e0 + j;
+    if (j > 0 && e % kDropoutDrawsPerBlock == 0) block = philox4x32_10(static_cast<uint64_t>(e) / kDropoutDrawsPerBlock, key);
+    f(j, dropout_draw(block, e) >= threshold);
+  }
+}
+
 }  // namespace fusedops

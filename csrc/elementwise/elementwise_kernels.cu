@@ -205,19 +205,6 @@ template <typename T> struct BiasGeluBwdOp {
   }
 };
 
-// Draws the keep decision of elements elem0 .. elem0 + VEC - 1 and calls f(j, keep).
-template <int VEC, class F>
-__device__ __forceinline__ void for_each_keep(const PhiloxArgs& args, uint32_t threshold, int64_t elem0, F f) {
-  const PhiloxKey key = unpack_philox(args);
-  uint4 block = philox4x32_10(static_cast<uint64_t>(elem0) / kDropoutDrawsPerBlock, key);
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) {
-    const int64_t e = elem0 + j;
-    if (j > 0 && e % kDropoutDrawsPerBlock == 0) block = philox4x32_10(static_cast<uint64_t>(e) / kDropoutDrawsPerBlock, key);
-    f(j, dropout_draw(block, e) >= threshold);
-  }
-}
-
 template <typename T> struct BiasDropoutAddOp {
   using A = acc_t<T>;
   PhiloxArgs philox;
@@ -238,7 +225,7 @@ template <typename T> struct BiasDropoutAddOp {
       rng_state[0] = static_cast<int64_t>(key.seed);
       rng_state[1] = static_cast<int64_t>(key.offset);
     }
-    for_each_keep<VEC>(philox, threshold, elem0, [&](int j, bool keep) {
+    for_each_keep<VEC>(unpack_philox(philox), threshold, elem0, [&](int j, bool keep) {
       out[0][j] = in[1][j] + (keep ? (in[0][j] + col[0][j]) * keep_scale : A(0));
     });
   }
@@ -252,7 +239,7 @@ template <typename T> struct DropoutBwdOp {
   // in: grad
   template <int VEC>
   __device__ void apply(const A (&in)[1][VEC], const A (&)[1][VEC], A (&out)[1][VEC], int64_t elem0) const {
-    for_each_keep<VEC>(philox, threshold, elem0,
+    for_each_keep<VEC>(unpack_philox(philox), threshold, elem0,
                        [&](int j, bool keep) { out[0][j] = keep ? in[0][j] * keep_scale : A(0); });
   }
 };
