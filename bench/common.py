@@ -98,6 +98,7 @@ class Report:
     def __init__(self, copy_gbs):
         self.copy_gbs = copy_gbs
         self.rows = []
+        self.note = ""
 
     def add(self, table, case, impl, ms, n_bytes=None, flops=None):
         row = {"table": table, "case": case, "impl": impl, "ms": ms}
@@ -107,6 +108,19 @@ class Report:
         if flops is not None:
             row["TFLOP/s"] = flops / ms / 1e9 if ms else float("nan")
         self.rows.append(row)
+
+    def host_overhead(self, table, case, impls, calls=10_000):
+        """Host time per call (µs as ms/1000) of each implementation on tiny tensors: `calls` calls
+        timed with a host clock, synchronized once at the end."""
+        for name, fn in impls.items():
+            for _ in range(100):
+                fn()
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+            self.add(table, case, name, (time.perf_counter() - started) * 1e3 / calls)
 
     def measure(self, table, case, impls, n_bytes=None, flops=None):
         """Times each available implementation (name -> callable or None) and adds its row."""
@@ -133,8 +147,9 @@ class Report:
             rows = [r for r in self.rows if r["table"] == table]
             impls = list(dict.fromkeys(r["impl"] for r in rows))
             cases = list(dict.fromkeys(r["case"] for r in rows))
-            metric = "TFLOP/s" if "TFLOP/s" in rows[0] else "GB/s"
-            lines += [f"### {table}", "", f"{metric} (and % of copy bandwidth); time in ms", ""]
+            metric = "TFLOP/s" if "TFLOP/s" in rows[0] else "GB/s" if "GB/s" in rows[0] else None
+            legend = f"{metric} (and % of copy bandwidth) · time in ms" if metric else "time per call"
+            lines += [f"### {table}", "", legend, ""]
             lines.append("| case | " + " | ".join(impls) + " |")
             lines.append("|---|" + "---|" * len(impls))
             for case in cases:
@@ -143,6 +158,8 @@ class Report:
                     row = next((r for r in rows if r["case"] == case and r["impl"] == impl), None)
                     if row is None or math.isnan(row["ms"]):
                         cells.append("—")
+                    elif metric is None:
+                        cells.append(f"{row['ms'] * 1e3:.2f} µs")
                     elif metric == "GB/s" and "% copy" in row:
                         cells.append(f"{row['GB/s']:.0f} ({row['% copy']:.0f}%) · {row['ms']:.3f}")
                     else:
@@ -157,6 +174,7 @@ class Report:
         md_path = os.path.join(RESULTS, stem + ".md")
         with open(md_path, "w") as f:
             f.write(f"# fusedops benchmark — {torch.cuda.get_device_name()}, torch {torch.__version__}\n\n")
+            f.write(f"{self.note}\n\n" if self.note else "")
             f.write(self.markdown())
         keys = ["table", "case", "impl", "ms", "GB/s", "% copy", "TFLOP/s"]
         with open(os.path.join(RESULTS, stem + ".csv"), "w", newline="") as f:
@@ -176,7 +194,7 @@ class Report:
             return
         for table in self.tables():
             rows = [r for r in self.rows if r["table"] == table]
-            metric = "TFLOP/s" if "TFLOP/s" in rows[0] else "GB/s"
+            metric = "TFLOP/s" if "TFLOP/s" in rows[0] else "GB/s" if "GB/s" in rows[0] else "ms"
             cases = list(dict.fromkeys(r["case"] for r in rows))
             fig, ax = plt.subplots(figsize=(max(6, len(cases) * 0.9), 4))
             for impl in dict.fromkeys(r["impl"] for r in rows):

@@ -1,7 +1,7 @@
-// Counter-based Philox4x32-10 (Salmon et al., SC'11). Element i of a dropout call uses word i % 4
-// of the block generated for counter (i / 4, offset) under key seed, so any thread can draw any
-// element's number and the CPU reference (fusedops/reference.py) reproduces the same mask bit
-// for bit.
+// Counter-based Philox4x32-10 (Salmon et al., SC'11). Element i of a dropout call uses the 16-bit
+// half-word i % 8 (low half first) of the block generated for counter (i / 8, offset) under key
+// seed, so any thread can draw any element's number and the CPU reference
+// (fusedops/reference.py) reproduces the same mask bit for bit.
 #pragma once
 #include <cstdint>
 
@@ -41,18 +41,38 @@ __device__ __forceinline__ uint4 philox4x32_10(uint64_t group, PhiloxKey key) {
   return make_uint4(c0, c1, c2, c3);
 }
 
-__device__ __forceinline__ uint32_t uint4_word(const uint4& r, int64_t index) {
-  switch (index & 3) {
-    case 0: return r.x;
-    case 1: return r.y;
-    case 2: return r.z;
-    default: return r.w;
+// Dropout draws 16 bits per element, eight elements per Philox block: half the generator work
+// of one 32-bit word per element (the bf16 dropout kernel was instruction-bound), with p
+// resolved to 1/65536.
+constexpr int kDropoutDrawsPerBlock = 8;
+
+__device__ __forceinline__ uint32_t dropout_draw(const uint4& block, int64_t index) {
+  const int half = static_cast<int>(index & 7);
+  uint32_t word;
+  switch (half >> 1) {
+    case 0: word = block.x; break;
+    case 1: word = block.y; break;
+    case 2: word = block.z; break;
+    default: word = block.w; break;
   }
+  return (half & 1) ? word >> 16 : word & 0xffffu;
 }
 
-// An element survives dropout with probability 1 - p when its word is >= keep_threshold(p).
+// An element survives dropout with probability 1 - p when its draw is >= dropout_threshold(p).
 inline uint32_t dropout_threshold(double p) {
-  return static_cast<uint32_t>(p * 4294967296.0);
+  return static_cast<uint32_t>(p * 65536.0);
+}
+
+// Draws the keep decisions of elements e0 .. e0 + VEC - 1 and calls f(j, keep) for each.
+template <int VEC, class F>
+__device__ __forceinline__ void for_each_keep(const PhiloxKey& key, uint32_t threshold, int64_t e0, F f) {
+  uint4 block = philox4x32_10(static_cast<uint64_t>(e0) / kDropoutDrawsPerBlock, key);
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    const int64_t e = e0 + j;
+    if (j > 0 && e % kDropoutDrawsPerBlock == 0) block = philox4x32_10(static_cast<uint64_t>(e) / kDropoutDrawsPerBlock, key);
+    f(j, dropout_draw(block, e) >= threshold);
+  }
 }
 
 }  // namespace fusedops

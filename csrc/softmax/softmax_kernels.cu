@@ -181,13 +181,7 @@ __device__ __forceinline__ MaskRow<T> mask_row(const MaskLayout& m, int64_t row,
 template <int VEC>
 __device__ __forceinline__ uint32_t keep_bits(const PhiloxKey& key, uint32_t threshold, int64_t e0) {
   uint32_t bits = 0;
-  uint4 words;
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) {
-    const int64_t e = e0 + j;
-    if (j == 0 || (e & 3) == 0) words = philox4x32_10(static_cast<uint64_t>(e) >> 2, key);
-    if (uint4_word(words, e) >= threshold) bits |= 1u << j;
-  }
+  for_each_keep<VEC>(key, threshold, e0, [&](int j, bool keep) { bits |= uint32_t(keep) << j; });
   return bits;
 }
 

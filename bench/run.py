@@ -1,0 +1,44 @@
+"""The main job: benchmark every op family side by side with its peers, in one run, and write
+bench/results/<stem>.{md,csv} plus PNG plots.
+
+    python -m bench.run [--quick] [--families elementwise,softmax,...] [--stem NAME]
+"""
+import argparse
+import importlib
+import sys
+
+import torch
+
+FAMILIES = ("elementwise", "softmax", "norm", "attention")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a few representative shapes (about a minute)")
+    parser.add_argument("--families", default=",".join(FAMILIES), help="comma-separated subset of " + ", ".join(FAMILIES))
+    parser.add_argument("--stem", default=None, help="output file stem (default: report or report_quick)")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench: needs a CUDA GPU; torch.cuda.is_available() is False on this machine")
+
+    import fusedops
+
+    from .common import Report, copy_bandwidth_gbs
+
+    print(f"device: {torch.cuda.get_device_name()}; fusedops build: {fusedops.build_info()}", file=sys.stderr)
+    report = Report(copy_bandwidth_gbs())
+    report.note = f"fusedops build: {fusedops.build_info()}; mode: {'quick' if args.quick else 'full'}"
+    for family in args.families.split(","):
+        try:
+            module = importlib.import_module(f"bench.{family}")
+        except ModuleNotFoundError:
+            print(f"bench: no benchmarks for {family!r} yet", file=sys.stderr)
+            continue
+        module.run(report, args.quick)
+    path = report.write(args.stem or ("report_quick" if args.quick else "report"))
+    print(report.markdown())
+    print(f"\nwritten: {path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,644 @@
+// LayerNorm and RMSNorm kernels.
+//
+// A "row group" of threads owns one row: a warp (several rows per block) for short rows, the
+// whole block for long ones. Thread `lane` of a group owns the VEC-element chunks starting at
+// (k * group_size + lane) * VEC for k < VPT, so each load instruction of a warp is coalesced and
+// a thread always owns the same columns (which keeps the backward's column sums in registers).
+// Rows that fit (VPT chunks per thread) stay in registers between the reduction and the
+// write; longer rows go to a streaming kernel that re-reads them (from L2) instead.
+// Statistics: mean first, then the sum of squared deviations from it (two passes in registers,
+// accurate for rows with a large mean), all in fp32 (fp64 for fp64 input).
+#include <algorithm>
+#include <type_traits>
+
+#include "../common/dispatch.cuh"
+#include "../common/reduce.cuh"
+#include "../common/vec.cuh"
+#include "norm.h"
+
+namespace fusedops {
+namespace {
+
+constexpr int kMaxThreads = 1024;
+constexpr int kWarpRowsThreads = 128;  // one warp per row: 4 rows per block
+constexpr int kWarpRowsGroups = kWarpRowsThreads / 32;
+
+template <typename T> struct Tag { using type = T; };
+
+// Calls f(Tag<T>, Tag<W>) for the supported (input, weight) dtype pairs: W = T, or W = float
+// with fp16/bf16 input.
+template <class F>
+cudaError_t dispatch_input_weight(DType x_dtype, DType w_dtype, F f) {
+  return FUSEDOPS_DISPATCH_FLOAT_TYPES(x_dtype, T, [&]() -> cudaError_t {
+    if (w_dtype == x_dtype) return f(Tag<T>{}, Tag<T>{});
+    if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
+      if (w_dtype == DType::Float32) return f(Tag<T>{}, Tag<float>{});
+    }
+    return cudaErrorInvalidValue;
+  });
+}
+
+__device__ __forceinline__ float inv_sqrt(float v) { return rsqrtf(v); }
+__device__ __forceinline__ double inv_sqrt(double v) { return rsqrt(v); }
+
+// The threads sharing one row: a warp, or the whole block.
+template <bool WARP_ROWS>
+struct RowGroup {
+  int lane = WARP_ROWS ? threadIdx.x % 32 : threadIdx.x;
+  int size = WARP_ROWS ? 32 : blockDim.x;
+  int index = WARP_ROWS ? threadIdx.x / 32 : 0;
+  int count = WARP_ROWS ? blockDim.x / 32 : 1;
+
+  // Sum over the group, returned to every thread. Every thread of the block must call it.
+  template <typename A>
+  __device__ __forceinline__ A sum(A value, A* scratch) const {
+    if constexpr (WARP_ROWS) {
+      return warp_reduce(value, SumOp{});
+    } else {
+      return block_reduce(value, SumOp{}, A(0), scratch);
+    }
+  }
+
+  // Two sums with one pass through shared memory (block rows), returned to every thread.
+  template <typename A>
+  __device__ __forceinline__ void sum_pair(A& a, A& b, A (&scratch)[2][32]) const {
+    a = warp_reduce(a, SumOp{});
+    b = warp_reduce(b, SumOp{});
+    if constexpr (!WARP_ROWS) {
+      const int warp_lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+      if (warp_lane == 0) {
+        scratch[0][warp] = a;
+        scratch[1][warp] = b;
+      }
+      __syncthreads();
+      const bool holds = warp_lane < static_cast<int>(blockDim.x / 32);
+      a = warp_reduce(holds ? scratch[0][warp_lane] : A(0), SumOp{});
+      b = warp_reduce(holds ? scratch[1][warp_lane] : A(0), SumOp{});
+      __syncthreads();  // scratch may be reused once every thread has read it
+    }
+  }
+};
+
+// mean(g) (LayerNorm only) and mean(g * xhat) over the row.
+template <bool RMS, bool WARP_ROWS, typename A>
+__device__ __forceinline__ void row_means(const RowGroup<WARP_ROWS>& group, A sum_g, A sum_gx, A inv_cols,
+                                          A (&scratch)[2][32], A& mean_g, A& mean_gx) {
+  if constexpr (RMS) {
+    sum_g = A(0);
+    sum_gx = group.sum(sum_gx, scratch[0]);
+  } else {
+    group.sum_pair(sum_g, sum_gx, scratch);
+  }
+  mean_g = sum_g * inv_cols;
+  mean_gx = sum_gx * inv_cols;
+}
+
+template <typename T, int VEC, typename A>
+__device__ __forceinline__ void load_acc(const T* ptr, A (&v)[VEC]) {
+  const auto loaded = load_vector<T, VEC>(ptr);
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) v[j] = to_acc(loaded.val[j]);
+}
+
+// A column vector (weight, bias) at col, or `absent` everywhere when ptr is null.
+template <typename W, int VEC, typename A>
+__device__ __forceinline__ void load_column(const void* ptr, int64_t col, A absent, A (&v)[VEC]) {
+  if (ptr == nullptr) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) v[j] = absent;
+    return;
+  }
+  load_acc<W, VEC>(static_cast<const W*>(ptr) + col, v);
+}
+
+// The normalized input at (row, col): x, or x + residual rounded to T (also written to
+// residual_out, so the backward and the caller see exactly the values that were normalized).
+template <typename T, int VEC, typename A>
+__device__ __forceinline__ void load_input(const NormFwdParams& p, int64_t row, int64_t col, A (&v)[VEC]) {
+  const auto x = load_vector<T, VEC>(static_cast<const T*>(p.x) + row * p.x_row_stride + col);
+  if (p.residual == nullptr) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) v[j] = to_acc(x.val[j]);
+    return;
+  }
+  const auto r = load_vector<T, VEC>(static_cast<const T*>(p.residual) + row * p.residual_row_stride + col);
+  AlignedVector<T, VEC> sum;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    sum.val[j] = from_acc<T>(to_acc(x.val[j]) + to_acc(r.val[j]));
+    v[j] = to_acc(sum.val[j]);
+  }
+  store_vector<T, VEC>(static_cast<T*>(p.residual_out) + row * p.cols + col, sum);
+}
+
+// Re-reads the normalized input once load_input has run for (row, col) in this thread.
+template <typename T, int VEC, typename A>
+__device__ __forceinline__ void reload_input(const NormFwdParams& p, int64_t row, int64_t col, A (&v)[VEC]) {
+  const T* src = p.residual != nullptr ? static_cast<const T*>(p.residual_out) + row * p.cols
+                                       : static_cast<const T*>(p.x) + row * p.x_row_stride;
+  load_acc<T, VEC>(src + col, v);
+}
+
+template <typename T, typename W, int VEC, typename A>
+__device__ __forceinline__ void store_output(const NormFwdParams& p, int64_t row, int64_t col, const A (&v)[VEC],
+                                             A mean, A rstd) {
+  A w[VEC], b[VEC];
+  load_column<W, VEC>(p.weight, col, A(1), w);
+  load_column<W, VEC>(p.bias, col, A(0), b);
+  AlignedVector<T, VEC> out;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) out.val[j] = from_acc<T>((v[j] - mean) * rstd * w[j] + b[j]);
+  store_vector<T, VEC>(static_cast<T*>(p.out) + row * p.cols + col, out);
+}
+
+template <typename A>
+__device__ __forceinline__ void store_stats(const NormFwdParams& p, int64_t row, A mean, A rstd, bool rms) {
+  if (!rms) p.mean[row] = static_cast<float>(mean);
+  p.rstd[row] = static_cast<float>(rstd);
+}
+
+// Forward, row held in registers: VPT chunks of VEC elements per thread.
+template <typename T, typename W, bool RMS, bool WARP_ROWS, int VEC, int VPT>
+__global__ void __launch_bounds__(kMaxThreads) norm_fwd_kernel(const NormFwdParams p) {
+  using A = acc_t<T>;
+  __shared__ A scratch[32];
+  const RowGroup<WARP_ROWS> group;
+  const A inv_cols = A(1) / A(p.cols);
+  // Every thread of the block runs the same iterations (row-group reductions need them all).
+  for (int64_t first = int64_t(blockIdx.x) * group.count; first < p.rows; first += int64_t(gridDim.x) * group.count) {
+    const int64_t row = first + group.index;
+    const bool valid = row < p.rows;
+    A v[VPT][VEC];
+    A sum = 0;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int64_t col = (int64_t(k) * group.size + group.lane) * VEC;
+      if (valid && col < p.cols) {
+        load_input<T, VEC>(p, row, col, v[k]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) v[k][j] = A(0);
+      }
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) sum += v[k][j];
+    }
+    const A mean = RMS ? A(0) : group.sum(sum, scratch) * inv_cols;
+    A squares = 0;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int64_t col = (int64_t(k) * group.size + group.lane) * VEC;
+      if (col < p.cols) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) squares += (v[k][j] - mean) * (v[k][j] - mean);
+      }
+    }
+    const A rstd = inv_sqrt(group.sum(squares, scratch) * inv_cols + A(p.eps));
+    if (!valid) continue;
+    if (group.lane == 0) store_stats(p, row, mean, rstd, RMS);
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int64_t col = (int64_t(k) * group.size + group.lane) * VEC;
+      if (col < p.cols) store_output<T, W, VEC>(p, row, col, v[k], mean, rstd);
+    }
+  }
+}
+
+// Forward for rows too long for registers: one block per row, the row read once from memory and
+// re-read (mostly from L2) for the variance and the output.
+template <typename T, typename W, bool RMS, int VEC>
+__global__ void __launch_bounds__(kMaxThreads) norm_fwd_streaming_kernel(const NormFwdParams p) {
+  using A = acc_t<T>;
+  __shared__ A scratch[32];
+  const RowGroup<false> group;
+  const A inv_cols = A(1) / A(p.cols);
+  const int64_t step = int64_t(blockDim.x) * VEC;
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    A sum = 0, squares = 0;
+    for (int64_t col = int64_t(threadIdx.x) * VEC; col < p.cols; col += step) {
+      A v[VEC];
+      load_input<T, VEC>(p, row, col, v);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        sum += v[j];
+        squares += v[j] * v[j];
+      }
+    }
+    const A mean = RMS ? A(0) : group.sum(sum, scratch) * inv_cols;
+    if (!RMS) {
+      squares = 0;
+      for (int64_t col = int64_t(threadIdx.x) * VEC; col < p.cols; col += step) {
+        A v[VEC];
+        reload_input<T, VEC>(p, row, col, v);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) squares += (v[j] - mean) * (v[j] - mean);
+      }
+    }
+    const A rstd = inv_sqrt(group.sum(squares, scratch) * inv_cols + A(p.eps));
+    if (threadIdx.x == 0) store_stats(p, row, mean, rstd, RMS);
+    for (int64_t col = int64_t(threadIdx.x) * VEC; col < p.cols; col += step) {
+      A v[VEC];
+      reload_input<T, VEC>(p, row, col, v);
+      store_output<T, W, VEC>(p, row, col, v, mean, rstd);
+    }
+  }
+}
+
+// ---- backward ----------------------------------------------------------------------------------
+// With g = dy * weight and xhat = (x - mean) * rstd:
+//   LayerNorm: dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
+//   RMSNorm:   dx = rstd * (g - xhat * mean(g * xhat))
+//   dweight = sum over rows of dy * xhat, dbias = sum over rows of dy.
+
+// Loads x and dy at (row, col) and returns xhat, g; adds this row's terms to the column sums.
+template <typename T, typename W, int VEC, typename A>
+__device__ __forceinline__ void load_grad_terms(const NormBwdParams& p, int64_t row, int64_t col, A mean, A rstd,
+                                                A (&xhat)[VEC], A (&g)[VEC], A (&dweight)[VEC], A (&dbias)[VEC]) {
+  A x[VEC], dy[VEC], w[VEC];
+  load_acc<T, VEC>(static_cast<const T*>(p.x) + row * p.x_row_stride + col, x);
+  load_acc<T, VEC>(static_cast<const T*>(p.dy) + row * p.dy_row_stride + col, dy);
+  load_column<W, VEC>(p.weight, col, A(1), w);
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    xhat[j] = (x[j] - mean) * rstd;
+    g[j] = dy[j] * w[j];
+    dweight[j] += dy[j] * xhat[j];
+    dbias[j] += dy[j];
+  }
+}
+
+template <typename T, int VEC, typename A>
+__device__ __forceinline__ void store_dx(const NormBwdParams& p, int64_t row, int64_t col, const A (&xhat)[VEC],
+                                         const A (&g)[VEC], A rstd, A mean_g, A mean_gx) {
+  A extra[VEC];
+  if (p.dresidual_out != nullptr) {
+    load_acc<T, VEC>(static_cast<const T*>(p.dresidual_out) + row * p.dresidual_out_row_stride + col, extra);
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) extra[j] = A(0);
+  }
+  AlignedVector<T, VEC> dx;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) dx.val[j] = from_acc<T>(rstd * (g[j] - mean_g - xhat[j] * mean_gx) + extra[j]);
+  store_vector<T, VEC>(static_cast<T*>(p.dx) + row * p.cols + col, dx);
+}
+
+template <typename A, int VEC>
+__device__ __forceinline__ A* partial_at(void* buffer, const NormBwdParams& p, int64_t col) {
+  return static_cast<A*>(buffer) + int64_t(blockIdx.x) * p.cols + col;
+}
+
+template <typename A, int VEC>
+__device__ __forceinline__ void store_partial(void* buffer, const NormBwdParams& p, int64_t col, const A (&v)[VEC]) {
+  AlignedVector<A, VEC> out;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) out.val[j] = v[j];
+  store_vector<A, VEC>(partial_at<A, VEC>(buffer, p, col), out);
+}
+
+// Writes the block's column sums `sums` (per warp, per owned chunk) to partial[blockIdx.x]. With
+// one warp per row the warps own the same columns: their sums are added in warp order through
+// shared memory.
+template <bool WARP_ROWS, int VEC, int VPT, typename A>
+__device__ __forceinline__ void write_block_partial(void* buffer, const NormBwdParams& p,
+                                                    const RowGroup<WARP_ROWS>& group, const A (&sums)[VPT][VEC]) {
+  if constexpr (WARP_ROWS) {
+    constexpr int kRowElems = 32 * VPT * VEC;
+    __shared__ A tile[kWarpRowsGroups][kRowElems];
+#pragma unroll
+    for (int k = 0; k < VPT; ++k)
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) tile[group.index][(k * 32 + group.lane) * VEC + j] = sums[k][j];
+    __syncthreads();
+    for (int e = threadIdx.x; e < kRowElems && e < p.cols; e += blockDim.x) {
+      A total = tile[0][e];
+      for (int w = 1; w < group.count; ++w) total += tile[w][e];
+      partial_at<A, 1>(buffer, p, 0)[e] = total;
+    }
+    __syncthreads();
+  } else {
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int64_t col = (int64_t(k) * group.size + group.lane) * VEC;
+      if (col < p.cols) store_partial<A, VEC>(buffer, p, col, sums[k]);
+    }
+  }
+}
+
+// Backward, row held in registers; the block's column sums stay in registers across its rows.
+// Blocks stride over rows (a persistent grid): block b writes partial row b.
+template <typename T, typename W, bool RMS, bool WARP_ROWS, int VEC, int VPT>
+__global__ void __launch_bounds__(kMaxThreads) norm_bwd_kernel(const NormBwdParams p) {
+  using A = acc_t<T>;
+  __shared__ A scratch[2][32];
+  const RowGroup<WARP_ROWS> group;
+  const A inv_cols = A(1) / A(p.cols);
+  A dweight[VPT][VEC], dbias[VPT][VEC];
+#pragma unroll
+  for (int k = 0; k < VPT; ++k)
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) dweight[k][j] = dbias[k][j] = A(0);
+
+  for (int64_t first = int64_t(blockIdx.x) * group.count; first < p.rows; first += int64_t(gridDim.x) * group.count) {
+    const int64_t row = first + group.index;
+    const bool valid = row < p.rows;
+    const A mean = (!RMS && valid) ? A(p.mean[row]) : A(0);
+    const A rstd = valid ? A(p.rstd[row]) : A(0);
+    A xhat[VPT][VEC], g[VPT][VEC];
+    A sum_g = 0, sum_gx = 0;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int64_t col = (int64_t(k) * group.size + group.lane) * VEC;
+      if (valid && col < p.cols) {
+        load_grad_terms<T, W, VEC>(p, row, col, mean, rstd, xhat[k], g[k], dweight[k], dbias[k]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) xhat[k][j] = g[k][j] = A(0);
+      }
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        sum_g += g[k][j];
+        sum_gx += g[k][j] * xhat[k][j];
+      }
+    }
+    A mean_g, mean_gx;
+    row_means<RMS>(group, sum_g, sum_gx, inv_cols, scratch, mean_g, mean_gx);
+    if (!valid) continue;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int64_t col = (int64_t(k) * group.size + group.lane) * VEC;
+      if (col < p.cols) store_dx<T, VEC>(p, row, col, xhat[k], g[k], rstd, mean_g, mean_gx);
+    }
+  }
+  if (p.weight_partial != nullptr) write_block_partial<WARP_ROWS, VEC, VPT>(p.weight_partial, p, group, dweight);
+  if (p.bias_partial != nullptr) write_block_partial<WARP_ROWS, VEC, VPT>(p.bias_partial, p, group, dbias);
+}
+
+// Adds v to the column sums at sums[col] (only this thread touches these elements).
+template <typename A, int VEC>
+__device__ __forceinline__ void add_sums(A* sums, int64_t col, const A (&v)[VEC]) {
+  if (sums == nullptr) return;
+  auto acc = load_vector<A, VEC>(sums + col);
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) acc.val[j] += v[j];
+  store_vector<A, VEC>(sums + col, acc);
+}
+
+// Backward for rows too long for registers: one block per row; the row is read for the two
+// row sums and re-read (mostly from L2) for dx. The block's column sums accumulate in shared
+// memory when they fit (SHARED_SUMS: weight sums, then bias sums, cols each; copied to the
+// partial rows at the end), else directly in its partial rows in global memory.
+template <typename T, typename W, bool RMS, int VEC, bool SHARED_SUMS>
+__global__ void __launch_bounds__(kMaxThreads) norm_bwd_streaming_kernel(const NormBwdParams p) {
+  using A = acc_t<T>;
+  extern __shared__ __align__(16) unsigned char shared_sums[];
+  __shared__ A scratch[2][32];
+  const RowGroup<false> group;
+  const A inv_cols = A(1) / A(p.cols);
+  const int64_t step = int64_t(blockDim.x) * VEC;
+  A* weight_partial = p.weight_partial != nullptr ? partial_at<A, VEC>(p.weight_partial, p, 0) : nullptr;
+  A* bias_partial = p.bias_partial != nullptr ? partial_at<A, VEC>(p.bias_partial, p, 0) : nullptr;
+  A* weight_sums = weight_partial;
+  A* bias_sums = bias_partial;
+  if constexpr (SHARED_SUMS) {
+    A* next = reinterpret_cast<A*>(shared_sums);
+    if (weight_sums != nullptr) {
+      weight_sums = next;
+      next += p.cols;
+    }
+    if (bias_sums != nullptr) bias_sums = next;
+  }
+  for (int64_t col = int64_t(threadIdx.x) * VEC; col < p.cols; col += step) {
+    if (weight_sums != nullptr) store_vector<A, VEC>(weight_sums + col, AlignedVector<A, VEC>{});
+    if (bias_sums != nullptr) store_vector<A, VEC>(bias_sums + col, AlignedVector<A, VEC>{});
+  }
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    const A mean = RMS ? A(0) : A(p.mean[row]);
+    const A rstd = p.rstd[row];
+    A sum_g = 0, sum_gx = 0;
+    for (int64_t col = int64_t(threadIdx.x) * VEC; col < p.cols; col += step) {
+      A xhat[VEC], g[VEC], unused_w[VEC], unused_b[VEC];
+      load_grad_terms<T, W, VEC>(p, row, col, mean, rstd, xhat, g, unused_w, unused_b);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        sum_g += g[j];
+        sum_gx += g[j] * xhat[j];
+      }
+    }
+    A mean_g, mean_gx;
+    row_means<RMS>(group, sum_g, sum_gx, inv_cols, scratch, mean_g, mean_gx);
+    for (int64_t col = int64_t(threadIdx.x) * VEC; col < p.cols; col += step) {
+      A xhat[VEC], g[VEC], dweight[VEC], dbias[VEC];
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) dweight[j] = dbias[j] = A(0);
+      load_grad_terms<T, W, VEC>(p, row, col, mean, rstd, xhat, g, dweight, dbias);
+      store_dx<T, VEC>(p, row, col, xhat, g, rstd, mean_g, mean_gx);
+      add_sums<A, VEC>(weight_sums, col, dweight);
+      add_sums<A, VEC>(bias_sums, col, dbias);
+    }
+  }
+  if constexpr (SHARED_SUMS) {
+    for (int64_t col = int64_t(threadIdx.x) * VEC; col < p.cols; col += step) {
+      if (weight_sums != nullptr) store_vector<A, VEC>(weight_partial + col, load_vector<A, VEC>(weight_sums + col));
+      if (bias_sums != nullptr) store_vector<A, VEC>(bias_partial + col, load_vector<A, VEC>(bias_sums + col));
+    }
+  }
+}
+
+// out[c] = sum over b of partial[b, c], b in increasing order per thread, then a fixed tree:
+// bitwise reproducible. Block (32, 32) owns 32 columns: thread (tx, ty) sums rows ty, ty + 32, ...
+// of column tx (coalesced), then warp ty adds the 32 values of column ty read down the tile,
+// whose row padding puts them in distinct banks.
+template <typename A, typename W>
+__global__ void __launch_bounds__(kMaxThreads) column_sum_kernel(const A* partial, int64_t blocks, int64_t cols,
+                                                                 W* out) {
+  __shared__ A tile[32][33];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t col0 = int64_t(blockIdx.x) * 32;
+  A sum = 0;
+  if (col0 + tx < cols)
+    for (int64_t b = ty; b < blocks; b += 32) sum += partial[b * cols + col0 + tx];
+  tile[ty][tx] = sum;
+  __syncthreads();
+  const A column_total = warp_reduce(tile[tx][ty], SumOp{});
+  if (tx == 0 && col0 + ty < cols) out[col0 + ty] = from_acc<W>(column_total);
+}
+
+// ---- launch ------------------------------------------------------------------------------------
+
+int threads_for(int64_t chunks) {
+  return static_cast<int>(std::min<int64_t>(kMaxThreads, std::max<int64_t>(32, (chunks + 31) / 32 * 32)));
+}
+
+using FwdKernel = void (*)(NormFwdParams);
+using BwdKernel = void (*)(NormBwdParams);
+
+template <typename W>
+bool column_aligned(const void* ptr, int vec) {
+  return ptr == nullptr || is_aligned(ptr, vec * static_cast<int>(sizeof(W)));
+}
+
+bool rows_aligned(const void* ptr, int64_t row_stride, int vec, int elem_bytes) {
+  return ptr == nullptr || (is_aligned(ptr, vec * elem_bytes) && row_stride % vec == 0);
+}
+
+template <typename T, typename W, bool RMS, int VEC>
+cudaError_t launch_fwd_with(const NormFwdParams& p, cudaStream_t stream) {
+  FwdKernel kernel;
+  int threads, groups = 1;
+  if (p.cols <= 32 * VEC) {
+    kernel = norm_fwd_kernel<T, W, RMS, true, VEC, 1>;
+    threads = kWarpRowsThreads, groups = kWarpRowsGroups;
+  } else if (p.cols <= 128 * VEC) {
+    kernel = norm_fwd_kernel<T, W, RMS, true, VEC, 4>;
+    threads = kWarpRowsThreads, groups = kWarpRowsGroups;
+  } else if (p.cols <= int64_t(kMaxThreads) * 4 * VEC) {
+    kernel = norm_fwd_kernel<T, W, RMS, false, VEC, 4>;
+    threads = threads_for((p.cols + 4 * VEC - 1) / (4 * VEC));
+  } else {
+    kernel = norm_fwd_streaming_kernel<T, W, RMS, VEC>;
+    threads = kMaxThreads;
+  }
+  // Rows past the grid are taken by the kernels' grid-stride loops.
+  const int64_t blocks = std::min<int64_t>((p.rows + groups - 1) / groups, int64_t(1) << 30);
+  kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename T, typename W, bool RMS>
+cudaError_t launch_fwd(const NormFwdParams& p, cudaStream_t stream) {
+  if (p.rows == 0 || p.cols == 0) return cudaSuccess;
+  constexpr int kVec = kVec16<T>;
+  constexpr int kBytes = sizeof(T);
+  const bool vectorized = p.cols % kVec == 0 && rows_aligned(p.x, p.x_row_stride, kVec, kBytes) &&
+                          rows_aligned(p.residual, p.residual_row_stride, kVec, kBytes) &&
+                          rows_aligned(p.residual_out, p.cols, kVec, kBytes) && rows_aligned(p.out, p.cols, kVec, kBytes) &&
+                          column_aligned<W>(p.weight, kVec) && column_aligned<W>(p.bias, kVec);
+  return vectorized ? launch_fwd_with<T, W, RMS, kVec>(p, stream) : launch_fwd_with<T, W, RMS, 1>(p, stream);
+}
+
+struct BwdPlan {
+  BwdKernel kernel;
+  int threads;
+  int64_t blocks;
+  int shared_bytes;
+};
+
+// Persistent grid: as many blocks as fit on the device at once, at most one per row group.
+template <typename T, typename W, bool RMS, int VEC>
+BwdPlan plan_bwd_with(const NormBwdParams& p) {
+  using A = acc_t<T>;
+  int device = 0, sms = 1, per_sm = 1, max_shared = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&max_shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+    sms = 1, max_shared = 0;
+  }
+  BwdPlan plan;
+  plan.shared_bytes = 0;
+  int groups = 1;
+  if (p.cols <= 32 * VEC) {
+    plan.kernel = norm_bwd_kernel<T, W, RMS, true, VEC, 1>;
+    plan.threads = kWarpRowsThreads, groups = kWarpRowsGroups;
+  } else if (p.cols <= int64_t(kMaxThreads) * VEC) {
+    plan.kernel = norm_bwd_kernel<T, W, RMS, false, VEC, 1>;
+    plan.threads = threads_for((p.cols + VEC - 1) / VEC);
+  } else {
+    plan.threads = threads_for((p.cols + 2 * VEC - 1) / (2 * VEC));
+    const int64_t sums_bytes = ((p.dweight != nullptr) + (p.dbias != nullptr)) * p.cols * int64_t(sizeof(A));
+    const int64_t static_bytes = 32 * sizeof(A);
+    plan.kernel = norm_bwd_streaming_kernel<T, W, RMS, VEC, false>;
+    if (sums_bytes > 0 && sums_bytes + static_bytes <= max_shared) {
+      const BwdKernel shared_kernel = norm_bwd_streaming_kernel<T, W, RMS, VEC, true>;
+      if (cudaFuncSetAttribute(shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(sums_bytes)) == cudaSuccess) {
+        plan.kernel = shared_kernel;
+        plan.shared_bytes = static_cast<int>(sums_bytes);
+      }
+    }
+  }
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, plan.kernel, plan.threads, plan.shared_bytes) !=
+      cudaSuccess) {
+    per_sm = 1;
+  }
+  plan.blocks = std::max<int64_t>(1, std::min<int64_t>((p.rows + groups - 1) / groups,
+                                                       int64_t(sms) * std::max(per_sm, 1)));
+  return plan;
+}
+
+template <typename T, typename W, bool RMS>
+BwdPlan plan_bwd(const NormBwdParams& p) {
+  constexpr int kVec = kVec16<T>;
+  constexpr int kBytes = sizeof(T);
+  const bool vectorized = p.cols % kVec == 0 && rows_aligned(p.x, p.x_row_stride, kVec, kBytes) &&
+                          rows_aligned(p.dy, p.dy_row_stride, kVec, kBytes) &&
+                          rows_aligned(p.dresidual_out, p.dresidual_out_row_stride, kVec, kBytes) &&
+                          rows_aligned(p.dx, p.cols, kVec, kBytes) && column_aligned<W>(p.weight, kVec);
+  return vectorized ? plan_bwd_with<T, W, RMS, kVec>(p) : plan_bwd_with<T, W, RMS, 1>(p);
+}
+
+template <typename T, typename W, bool RMS>
+cudaError_t launch_bwd(const NormBwdParams& p, cudaStream_t stream) {
+  using A = acc_t<T>;
+  if (p.cols == 0) return cudaSuccess;
+  if (p.rows == 0) {  // empty sums
+    if (p.dweight != nullptr) {
+      const cudaError_t err = cudaMemsetAsync(p.dweight, 0, p.cols * sizeof(W), stream);
+      if (err != cudaSuccess) return err;
+    }
+    return p.dbias != nullptr ? cudaMemsetAsync(p.dbias, 0, p.cols * sizeof(W), stream) : cudaSuccess;
+  }
+  const BwdPlan plan = plan_bwd<T, W, RMS>(p);
+  plan.kernel<<<static_cast<unsigned>(plan.blocks), plan.threads, plan.shared_bytes, stream>>>(p);
+  cudaError_t err = cudaGetLastError();
+  const unsigned column_blocks = static_cast<unsigned>((p.cols + 31) / 32);
+  if (err == cudaSuccess && p.dweight != nullptr) {
+    column_sum_kernel<A, W><<<column_blocks, dim3(32, 32), 0, stream>>>(
+        static_cast<const A*>(p.weight_partial), plan.blocks, p.cols, static_cast<W*>(p.dweight));
+    err = cudaGetLastError();
+  }
+  if (err == cudaSuccess && p.dbias != nullptr) {
+    column_sum_kernel<A, W><<<column_blocks, dim3(32, 32), 0, stream>>>(
+        static_cast<const A*>(p.bias_partial), plan.blocks, p.cols, static_cast<W*>(p.dbias));
+    err = cudaGetLastError();
+  }
+  return err;
+}
+
+}  // namespace
+
+cudaError_t launch_layer_norm_fwd(const NormFwdParams& p, DType x_dtype, DType w_dtype, cudaStream_t stream) {
+  return dispatch_input_weight(x_dtype, w_dtype, [&](auto t, auto w) {
+    return launch_fwd<typename decltype(t)::type, typename decltype(w)::type, false>(p, stream);
+  });
+}
+
+cudaError_t launch_rms_norm_fwd(const NormFwdParams& p, DType x_dtype, DType w_dtype, cudaStream_t stream) {
+  return dispatch_input_weight(x_dtype, w_dtype, [&](auto t, auto w) {
+    return launch_fwd<typename decltype(t)::type, typename decltype(w)::type, true>(p, stream);
+  });
+}
+
+cudaError_t launch_layer_norm_bwd(const NormBwdParams& p, DType x_dtype, DType w_dtype, cudaStream_t stream) {
+  return dispatch_input_weight(x_dtype, w_dtype, [&](auto t, auto w) {
+    return launch_bwd<typename decltype(t)::type, typename decltype(w)::type, false>(p, stream);
+  });
+}
+
+cudaError_t launch_rms_norm_bwd(const NormBwdParams& p, DType x_dtype, DType w_dtype, cudaStream_t stream) {
+  return dispatch_input_weight(x_dtype, w_dtype, [&](auto t, auto w) {
+    return launch_bwd<typename decltype(t)::type, typename decltype(w)::type, true>(p, stream);
+  });
+}
+
+int64_t norm_bwd_blocks(const NormBwdParams& p, DType x_dtype, DType w_dtype, bool rms) {
+  int64_t blocks = 0;
+  dispatch_input_weight(x_dtype, w_dtype, [&](auto t, auto w) {
+    using T = typename decltype(t)::type;
+    using W = typename decltype(w)::type;
+    blocks = rms ? plan_bwd<T, W, true>(p).blocks : plan_bwd<T, W, false>(p).blocks;
+    return cudaSuccess;
+  });
+  return blocks;
+}
+
+}  // namespace fusedops

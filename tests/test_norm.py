@@ -1,0 +1,410 @@
+"""LayerNorm / RMSNorm and the add_* variants: argument errors, the CPU reference, opcheck,
+torch.compile, the modules, and (marked gpu) the CUDA kernels against a float64 reference."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fusedops
+from fusedops import reference
+
+from conftest import assert_close_to_reference
+
+ops = torch.ops.fusedops
+gpu = pytest.mark.gpu
+sanitizer = pytest.mark.sanitizer
+
+# Hidden sizes: tiny (one warp, most lanes idle), odd (scalar path), just past a warp's or a
+# block's register capacity, the model sizes, and the largest (streaming kernels).
+SIZES = [1, 7, 41, 123, 769, 1023, 1500, 3584, 4096, 65536]
+LOW_PRECISION = [torch.float16, torch.bfloat16]
+DTYPES = [torch.float32] + LOW_PRECISION
+
+
+def _torch_norm(kind, x, shape, weight, bias, eps):
+    if kind == "layer_norm":
+        return F.layer_norm(x, shape, weight, bias, eps)
+    return F.rms_norm(x, shape, weight, eps)
+
+
+def _fused_norm(kind, x, shape, weight, bias, eps):
+    if kind == "layer_norm":
+        return fusedops.layer_norm(x, shape, weight, bias, eps)
+    return fusedops.rms_norm(x, shape, weight, eps)
+
+
+def _forward_backward(fn, x, weight, bias, dy):
+    """out and the gradients of (out * dy).sum() w.r.t. x, weight, bias (None where absent)."""
+    leaves = [t.detach().requires_grad_(True) if t is not None else None for t in (x, weight, bias)]
+    out = fn(*leaves)
+    grads = torch.autograd.grad(out, [t for t in leaves if t is not None], dy)
+    grads = iter(grads)
+    return [out.detach()] + [next(grads) if t is not None else None for t in leaves]
+
+
+def _check_norm(kind, x, shape, weight=None, bias=None, eps=1e-5, atol=1e-5):
+    """Our out, dx, dweight, dbias against float64, with torch's own op in x's dtype as the bar."""
+    if kind == "rms_norm":
+        bias = None
+    dy = torch.randn_like(x)
+    ours = _forward_backward(lambda a, w, b: _fused_norm(kind, a, shape, w, b, eps), x, weight, bias, dy)
+    same_dtype = [None if t is None else t.to(x.dtype) for t in (weight, bias)]
+    theirs = _forward_backward(lambda a, w, b: _torch_norm(kind, a, shape, w, b, eps), x, *same_dtype, dy)
+    wide = [None if t is None else t.double() for t in (x, weight, bias, dy)]
+    ref = _forward_backward(lambda a, w, b: _torch_norm(kind, a, shape, w, b, eps), *wide)
+    for name, o, r, t in zip(["out", "dx", "dweight", "dbias"], ours, ref, theirs):
+        if o is None:
+            continue
+        expected_dtype = {"out": x, "dx": x, "dweight": weight, "dbias": bias}[name].dtype
+        assert o.dtype == expected_dtype, name
+        assert_close_to_reference(o, r, t, atol=atol, name=f"{kind} {name}")
+
+
+# ---- argument errors (CPU; raised before any kernel) -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda x, w: fusedops.layer_norm(x, (5,), w), "normalized_shape"),
+        (lambda x, w: fusedops.layer_norm(x, (3, 8), w), "normalized_shape"),
+        (lambda x, w: fusedops.layer_norm(x, (8,), w[:4]), "weight"),
+        (lambda x, w: fusedops.layer_norm(x, (8,), w.double()), "weight"),
+        (lambda x, w: fusedops.layer_norm(x, (8,), w, w.half()), "bias"),
+        (lambda x, w: fusedops.layer_norm(x.long(), (8,)), "input"),
+        (lambda x, w: fusedops.layer_norm("x", (8,)), "input"),
+        (lambda x, w: fusedops.layer_norm(x, (8,), w, eps=-1.0), "eps"),
+        (lambda x, w: fusedops.rms_norm(x, (8,), [1.0] * 8), "weight"),
+        (lambda x, w: fusedops.add_layer_norm(x, x[:, :4], (8,), w), "residual"),
+        (lambda x, w: fusedops.add_rms_norm(x, x.double(), (8,), w), "residual"),
+    ],
+)
+def test_argument_errors_name_the_argument(call, match):
+    x, w = torch.randn(4, 8), torch.randn(8)
+    with pytest.raises((TypeError, ValueError), match=match):
+        call(x, w)
+
+
+def test_rms_eps_none_is_dtype_eps():
+    x = torch.randn(3, 16, dtype=torch.float64) * 1e-9
+    out = fusedops.rms_norm(x, (16,))
+    torch.testing.assert_close(out, F.rms_norm(x, (16,), eps=torch.finfo(torch.float64).eps))
+
+
+# ---- CPU reference and autograd formulas -----------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
+@pytest.mark.parametrize("shape", [(2, 3, 40), (5, 6, 7)])
+@pytest.mark.parametrize("affine", [True, False])
+def test_reference_matches_torch_float64(kind, shape, affine):
+    x = torch.randn(shape, dtype=torch.float64) * 3 + 1
+    normalized = shape[-2:] if shape[-1] == 7 else shape[-1:]
+    weight = torch.randn(normalized, dtype=torch.float64) if affine else None
+    bias = torch.randn(normalized, dtype=torch.float64) if affine else None
+    if kind == "rms_norm":
+        bias = None
+    dy = torch.randn_like(x)
+    ours = _forward_backward(lambda a, w, b: _fused_norm(kind, a, normalized, w, b, 1e-5), x, weight, bias, dy)
+    theirs = _forward_backward(lambda a, w, b: _torch_norm(kind, a, normalized, w, b, 1e-5), x, weight, bias, dy)
+    for o, t in zip(ours, theirs):
+        if t is not None:  # the backward reads the fp32 statistics saved by the forward
+            torch.testing.assert_close(o, t, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
+def test_add_variants_cpu_gradients(kind):
+    x, r = torch.randn(4, 3, 24, dtype=torch.float64), torch.randn(4, 3, 24, dtype=torch.float64)
+    w, b = torch.randn(24, dtype=torch.float64), torch.randn(24, dtype=torch.float64)
+    g_out, g_res = torch.randn_like(x), torch.randn_like(x)
+
+    def run(fused):
+        leaves = [t.clone().requires_grad_(True) for t in (x, r, w, b)]
+        xi, ri, wi, bi = leaves
+        if fused:
+            if kind == "layer_norm":
+                out, res = fusedops.add_layer_norm(xi, ri, (24,), wi, bi)
+            else:
+                out, res = fusedops.add_rms_norm(xi, ri, (24,), wi, eps=1e-6)
+        else:
+            res = xi + ri
+            out = F.layer_norm(res, (24,), wi, bi) if kind == "layer_norm" else F.rms_norm(res, (24,), wi, 1e-6)
+        ((out * g_out).sum() + (res * g_res).sum()).backward()
+        return [out, res] + [t.grad for t in leaves]
+
+    for o, t in zip(run(True), run(False)):
+        torch.testing.assert_close(o, t, rtol=1e-5, atol=1e-5)
+
+
+# ---- opcheck and torch.compile on CPU --------------------------------------------------------
+
+
+def _op_samples(device, dtype=torch.float32):
+    x = torch.randn(3, 5, 16, device=device, dtype=dtype)
+    r = torch.randn_like(x)
+    w = torch.randn(16, device=device, dtype=dtype, requires_grad=True)
+    b = torch.randn(16, device=device, dtype=dtype, requires_grad=True)
+    xg = x.clone().requires_grad_(True)
+    _, mean, rstd = reference.layer_norm(x, [16], w.detach(), b.detach(), 1e-5)
+    yield ops.layer_norm_fwd, (xg, [16], w, b, 1e-5)
+    yield ops.layer_norm_fwd, (xg, [5, 16], None, None, 1e-5)
+    yield ops.rms_norm_fwd, (xg, [16], w, 1e-6)
+    yield ops.add_layer_norm_fwd, (xg, r.clone().requires_grad_(True), [16], w, b, 1e-5)
+    yield ops.add_rms_norm_fwd, (xg, r.clone().requires_grad_(True), [16], None, 1e-6)
+    yield ops.layer_norm_bwd, (torch.randn_like(x), r, x, mean, rstd, [16], w.detach(), b.detach())
+    yield ops.layer_norm_bwd, (torch.randn_like(x), None, x, mean, rstd, [16], None, None)
+    yield ops.rms_norm_bwd, (torch.randn_like(x), None, x, rstd, [16], w.detach())
+
+
+@pytest.mark.parametrize("index", range(8))
+def test_opcheck_cpu(index):
+    op, args = list(_op_samples("cpu"))[index]
+    torch.library.opcheck(op, args)
+
+
+def _block(x, r, w_ln, b_ln, w_rms):
+    y = fusedops.layer_norm(x, (x.shape[-1],), w_ln, b_ln)
+    out, res = fusedops.add_rms_norm(y, r, (x.shape[-1],), w_rms)
+    return out * 2 + res
+
+
+def test_compile_fullgraph_cpu():
+    x, r = torch.randn(4, 7, 32), torch.randn(4, 7, 32)
+    w_ln, b_ln, w_rms = torch.randn(32), torch.randn(32), torch.randn(32)
+    compiled = torch.compile(_block, fullgraph=True)
+    torch.testing.assert_close(compiled(x, r, w_ln, b_ln, w_rms), _block(x, r, w_ln, b_ln, w_rms))
+
+
+# ---- modules ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, kwargs",
+    [
+        ("LayerNorm", {}),
+        ("LayerNorm", {"bias": False}),
+        ("LayerNorm", {"elementwise_affine": False}),
+        ("RMSNorm", {}),
+        ("RMSNorm", {"eps": 1e-6}),
+        ("RMSNorm", {"elementwise_affine": False}),
+    ],
+)
+def test_module_state_dict_and_forward_cpu(name, kwargs):
+    ours, theirs = getattr(fusedops.nn, name), getattr(torch.nn, name)
+    torch_module = theirs((6, 16), **kwargs)
+    with torch.no_grad():
+        for p in torch_module.parameters():
+            p.normal_()
+    module = ours((6, 16), **kwargs)
+    assert isinstance(module, theirs)
+    assert module.state_dict().keys() == torch_module.state_dict().keys()
+    module.load_state_dict(torch_module.state_dict())
+    x = torch.randn(3, 6, 16, dtype=torch.float64)
+    torch.testing.assert_close(module.double()(x), torch_module.double()(x))
+
+
+# ---- GPU: the CUDA kernels -------------------------------------------------------------------
+
+
+def _rows_for(n):
+    return max(3, min(512, 2**20 // n))
+
+
+@gpu
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
+def test_gpu_against_float64(kind, dtype, n):
+    x = torch.randn(_rows_for(n), n, device="cuda", dtype=dtype) * 2 + 0.5
+    w = torch.randn(n, device="cuda", dtype=dtype)
+    b = torch.randn(n, device="cuda", dtype=dtype)
+    _check_norm(kind, x, (n,), w, b)
+
+
+@gpu
+@pytest.mark.parametrize("n", [512, 2048, 8192, 16384, 32768])
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
+def test_gpu_benchmark_shapes(kind, n):
+    """The benchmark's hidden sizes (bf16): every forward and backward kernel variant they select."""
+    x = torch.randn(max(3, 2**22 // n), n, device="cuda", dtype=torch.bfloat16)
+    w, b = torch.randn(n, device="cuda", dtype=torch.bfloat16), torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    _check_norm(kind, x, (n,), w, b)
+
+
+@gpu
+@pytest.mark.parametrize("n", [512, 1023, 4096])
+@pytest.mark.parametrize("dtype", LOW_PRECISION)
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
+def test_gpu_mixed_precision_fp32_weight(kind, dtype, n):
+    x = torch.randn(64, n, device="cuda", dtype=dtype)
+    w, b = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    _check_norm(kind, x, (n,), w, b)
+
+
+@gpu
+@sanitizer
+@pytest.mark.parametrize("n", [7, 64, 1500])
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
+def test_gpu_small_cases(kind, n):
+    x = torch.randn(5, n, device="cuda", dtype=torch.bfloat16)
+    _check_norm(kind, x, (n,), torch.randn(n, device="cuda", dtype=torch.bfloat16),
+                torch.randn(n, device="cuda", dtype=torch.bfloat16))
+
+
+@gpu
+@sanitizer
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
+def test_gpu_streaming_small(kind):
+    n = 40000  # past the register capacity of both directions
+    x = torch.randn(3, n, device="cuda", dtype=torch.float32)
+    _check_norm(kind, x, (n,), torch.randn(n, device="cuda"), torch.randn(n, device="cuda"))
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
+@pytest.mark.parametrize("affine", ["none", "weight", "bias"])
+def test_gpu_weight_or_bias_none(kind, affine):
+    x = torch.randn(100, 768, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(768, device="cuda", dtype=torch.bfloat16) if affine == "weight" else None
+    b = torch.randn(768, device="cuda", dtype=torch.bfloat16) if affine == "bias" else None
+    _check_norm(kind, x, (768,), w, b)
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
+def test_gpu_several_normalized_dims(kind):
+    x = torch.randn(2, 9, 12, 64, device="cuda", dtype=torch.float16)
+    w, b = torch.randn(12, 64, device="cuda", dtype=torch.float16), torch.randn(12, 64, device="cuda", dtype=torch.float16)
+    _check_norm(kind, x, (12, 64), w, b)
+
+
+@gpu
+@pytest.mark.parametrize("n", [64, 7])
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
+def test_gpu_many_rows(kind, n):
+    x = torch.randn(70000, n, device="cuda", dtype=torch.bfloat16)
+    _check_norm(kind, x, (n,), torch.randn(n, device="cuda", dtype=torch.bfloat16),
+                torch.randn(n, device="cuda", dtype=torch.bfloat16))
+
+
+@gpu
+@pytest.mark.parametrize("n", [1024, 4096, 65536])
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
+def test_gpu_offset_views(kind, n):
+    """storage_offset 1 (misaligned: scalar path) and a row-strided view (vector path, row stride)."""
+    buffer = torch.randn(16 * n + 1, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    offset = buffer[1:].view(16, n)
+    assert offset.storage_offset() == 1
+    _check_norm(kind, offset, (n,), w, b)
+    wide = torch.randn(16, n + 64, device="cuda", dtype=torch.bfloat16)[:, 8 : 8 + n]
+    _check_norm(kind, wide, (n,), w, b)
+
+
+@gpu
+def test_gpu_offset_view_gradient():
+    n = 1000
+    x = torch.randn(16, n, device="cuda")
+    w, b = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    mean, rstd = reference.layer_norm(x, [n], w, b, 1e-5)[1:]
+    dy = torch.randn(16 * n + 1, device="cuda")[1:].view(16, n)
+    dx, dw, db = ops.layer_norm_bwd(dy, None, x, mean, rstd, [n], w, b)
+    rdx, rdw, rdb = reference.layer_norm_backward(dy.double(), None, x.double(), mean, rstd, [n], w.double(), b.double())
+    for o, r in [(dx, rdx), (dw, rdw), (db, rdb)]:
+        torch.testing.assert_close(o.double(), r, rtol=1e-4, atol=1e-4)
+
+
+@gpu
+@pytest.mark.parametrize("n", [123, 1024, 4096, 65536])
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
+def test_gpu_backward_bitwise_deterministic(kind, n):
+    x = torch.randn(3000 if n < 65536 else 40, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn(n, device="cuda", dtype=torch.bfloat16, requires_grad=True) if kind == "layer_norm" else None
+    dy = torch.randn_like(x)
+    params = [t for t in (x, w, b) if t is not None]
+    first = None
+    for _ in range(50):
+        out = _fused_norm(kind, x, (n,), w, b, 1e-5)
+        grads = torch.autograd.grad(out, params, dy)
+        if first is None:
+            first = grads
+        for g, f in zip(grads, first):
+            assert torch.equal(g, f)
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
+def test_gpu_fp16_large_sum_of_squares(kind):
+    n = 4096
+    x = (torch.randn(32, n, device="cuda") * 100 + 200).half()  # sum of squares ~ 2e8 >> 65504
+    w, b = torch.randn(n, device="cuda", dtype=torch.half), torch.randn(n, device="cuda", dtype=torch.half)
+    out = _fused_norm(kind, x, (n,), w, b if kind == "layer_norm" else None, 1e-5)
+    assert torch.isfinite(out).all()
+    _check_norm(kind, x, (n,), w, b)
+
+
+@gpu
+@pytest.mark.parametrize("n", [7, 1024, 8192, 40000])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
+def test_gpu_add_variants(kind, dtype, n):
+    x = torch.randn(40, n, device="cuda", dtype=dtype)
+    r = torch.randn_like(x)
+    w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
+    g_out, g_res = torch.randn_like(x), torch.randn_like(x)
+
+    def run(xi, ri, wi, bi, fused):
+        leaves = [t.detach().clone().requires_grad_(True) for t in (xi, ri, wi, bi)]
+        a, c, wl, bl = leaves
+        if fused:
+            if kind == "layer_norm":
+                out, res = fusedops.add_layer_norm(a, c, (n,), wl, bl)
+            else:
+                out, res = fusedops.add_rms_norm(a, c, (n,), wl, eps=1e-6)
+        else:
+            res = a + c
+            out = F.layer_norm(res, (n,), wl, bl) if kind == "layer_norm" else F.rms_norm(res, (n,), wl, 1e-6)
+        loss = (out * g_out.to(out.dtype)).sum() + (res * g_res.to(res.dtype)).sum()
+        loss.backward()
+        grads = [t.grad for t in leaves]
+        if kind == "rms_norm":
+            grads[3] = None
+        return [out.detach(), res.detach()] + grads
+
+    ours = run(x, r, w, b, True)
+    theirs = run(x, r, w, b, False)
+    ref = run(x.double(), r.double(), w.double(), b.double(), False)
+    names = ["out", "residual_out", "d input", "d residual", "dweight", "dbias"]
+    for name, o, rf, t in zip(names, ours, ref, theirs):
+        if o is not None:
+            assert_close_to_reference(o, rf, t, atol=1e-5, name=f"add_{kind} {name}")
+
+
+@gpu
+@pytest.mark.parametrize("index", range(8))
+def test_gpu_opcheck(index):
+    op, args = list(_op_samples("cuda"))[index]
+    torch.library.opcheck(op, args)
+
+
+@gpu
+def test_gpu_compile_fullgraph():
+    x, r = torch.randn(4, 7, 256, device="cuda"), torch.randn(4, 7, 256, device="cuda")
+    w_ln, b_ln, w_rms = (torch.randn(256, device="cuda") for _ in range(3))
+    compiled = torch.compile(_block, fullgraph=True)
+    torch.testing.assert_close(compiled(x, r, w_ln, b_ln, w_rms), _block(x, r, w_ln, b_ln, w_rms))
+
+
+@gpu
+@pytest.mark.parametrize("name", ["LayerNorm", "RMSNorm"])
+def test_gpu_modules(name):
+    ours, theirs = getattr(fusedops.nn, name), getattr(torch.nn, name)
+    torch_module = theirs(1024, device="cuda", dtype=torch.bfloat16)
+    module = ours(1024, device="cuda", dtype=torch.bfloat16)
+    module.load_state_dict(torch_module.state_dict())
+    x = torch.randn(8, 64, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    out = module(x)
+    out.sum().backward()
+    torch.testing.assert_close(out, torch_module(x), rtol=2e-2, atol=2e-2)
+    assert module.weight.grad is not None and torch.isfinite(module.weight.grad).all()
