@@ -6,6 +6,7 @@ bench/results/<stem>.{md,csv} plus PNG plots.
 import argparse
 import importlib
 import sys
+import traceback
 
 import torch
 
@@ -34,7 +35,11 @@ def main():
         except ModuleNotFoundError:
             print(f"bench: no benchmarks for {family!r} yet", file=sys.stderr)
             continue
-        module.run(report, args.quick)
+        try:
+            module.run(report, args.quick)
+        except Exception:  # noqa: BLE001 - one family's failure must not lose the others' numbers
+            print(f"bench: {family} failed:\n{traceback.format_exc()}", file=sys.stderr)
+            report.note += f"\n\n**{family}: the benchmark failed part-way; its table is incomplete.**"
     path = report.write(args.stem or ("report_quick" if args.quick else "report"))
     print(report.markdown())
     print(f"\nwritten: {path}", file=sys.stderr)

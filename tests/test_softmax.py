@@ -167,8 +167,11 @@ def _compiled_matches_eager(device, dtype):
 
     eager_out, eager_dx = _grads(fn, x, grad)
     compiled_out, compiled_dx = _grads(torch.compile(fn, fullgraph=True), x, grad)
-    torch.testing.assert_close(compiled_out, eager_out)
-    torch.testing.assert_close(compiled_dx, eager_dx)
+    # Inductor adds the three outputs (and their gradients) in fp32 and rounds once, eager rounds
+    # after every add: in bf16 that differs by an ulp of the sum.
+    tolerance = {"atol": 8e-3, "rtol": 1.6e-2} if dtype == torch.bfloat16 else {}
+    torch.testing.assert_close(compiled_out, eager_out, **tolerance)
+    torch.testing.assert_close(compiled_dx, eager_dx, **tolerance)
 
 
 def test_compile_fullgraph_cpu():
