@@ -29,6 +29,7 @@ def main():
     print(f"device: {torch.cuda.get_device_name()}; fusedops build: {fusedops.build_info()}", file=sys.stderr)
     report = Report(copy_bandwidth_gbs())
     report.note = f"fusedops build: {fusedops.build_info()}; mode: {'quick' if args.quick else 'full'}"
+    stem = args.stem or ("report_quick" if args.quick else "report")
     for family in args.families.split(","):
         try:
             module = importlib.import_module(f"bench.{family}")
@@ -40,7 +41,7 @@ def main():
         except Exception:  # noqa: BLE001 - one family's failure must not lose the others' numbers
             print(f"bench: {family} failed:\n{traceback.format_exc()}", file=sys.stderr)
             report.note += f"\n\n**{family}: the benchmark failed part-way; its table is incomplete.**"
-    path = report.write(args.stem or ("report_quick" if args.quick else "report"))
+        path = report.write(stem)  # after every family, so a run cut short keeps what it measured
     print(report.markdown())
     print(f"\nwritten: {path}", file=sys.stderr)
 

@@ -4,6 +4,8 @@
 #
 #   scripts/gpu_check.sh [STAGES] [PYTEST_ARGS...]
 #   STAGES: comma-separated subset of build,cmake,test,sanitize,bench,bench-full (default: build,test,sanitize,bench)
+#   PYTEST_ARGS replace the default test selection (tests/); BENCH_TIMEOUT caps the benchmark
+#   (seconds; the report is written after every family, so a capped run keeps what it measured).
 #
 # Liger (a benchmark peer) is installed from wheels in .whl/ when they are there.
 set -uo pipefail
@@ -37,7 +39,7 @@ fi
 
 if [[ $stages == *,test,* ]]; then
   step "pytest (all tests, GPU included)"
-  python3 -m pytest tests -q -rfEs -p no:cacheprovider "$@" 2>&1 | tee "$out/tests.log" | tail -40
+  python3 -m pytest -q -rfEs -p no:cacheprovider "${@:-tests}" 2>&1 | tee "$out/tests.log" | tail -40
   [[ ${PIPESTATUS[0]} == 0 ]] || status=1
 fi
 
@@ -57,7 +59,7 @@ for mode in bench bench-full; do
   if [[ $stages == *,$mode,* ]]; then
     step "$mode"
     flag=$([[ $mode == bench ]] && echo --quick)
-    python3 -m bench.run $flag 2>"$out/$mode.err" | tee "$out/$mode.md"
+    timeout "${BENCH_TIMEOUT:-3000}" python3 -m bench.run $flag 2>"$out/$mode.err" | tee "$out/$mode.md"
     [[ ${PIPESTATUS[0]} == 0 ]] || { status=1; tail -20 "$out/$mode.err"; }
     tar czf "$out/results.tar.gz" bench/results
   fi
