@@ -93,24 +93,12 @@ __global__ void __launch_bounds__(kThreads) elementwise_kernel(Operands<T, NIN, 
   }
 }
 
-// A grid of at most one resident wave, each thread looping: a grid sized to the data left a
-// partial last wave that cost ~3% of bandwidth at 2^28 elements.
 template <typename T, int VEC, typename Idx, int NIN, int NOUT, int NCOL, class Op>
 cudaError_t launch_with(const Operands<T, NIN, NOUT, NCOL>& ops, const Op& op, cudaStream_t stream) {
-  const auto kernel = elementwise_kernel<T, VEC, Idx, NIN, NOUT, NCOL, Op>;
-  static const int blocks_per_sm = [kernel] {
-    int blocks = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, 0);
-    return std::max(blocks, 1);
-  }();
-  int device = 0, sms = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (err != cudaSuccess) return err;
   const int64_t per_block = int64_t(kThreads) * kUnroll;
-  const int64_t needed = (ops.numel / VEC + per_block - 1) / per_block;
-  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(needed, int64_t(sms) * blocks_per_sm));
-  kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(ops, op);
+  const int64_t blocks = std::min<int64_t>((ops.numel / VEC + per_block - 1) / per_block, int64_t(1) << 30);
+  elementwise_kernel<T, VEC, Idx><<<static_cast<unsigned>(std::max<int64_t>(blocks, 1)), kThreads, 0, stream>>>(
+      ops, op);
   return cudaGetLastError();
 }
 
