@@ -35,6 +35,18 @@ inline void check_same_dtype(const at::Tensor& t, const at::Tensor& ref, const c
               " but the input has dtype ", ref.scalar_type());
 }
 
+inline void check_same_shape(const at::Tensor& t, const at::Tensor& ref, const char* arg, const char* ref_name) {
+  TORCH_CHECK(t.sizes() == ref.sizes(), "fusedops: ", arg, " has shape ", t.sizes(), " but ", ref_name,
+              " has shape ", ref.sizes());
+}
+
+// t must be on ref's device, with ref's dtype and shape.
+inline void check_like(const at::Tensor& t, const at::Tensor& ref, const char* arg, const char* ref_name) {
+  check_cuda(t, ref, arg);
+  check_same_dtype(t, ref, arg);
+  check_same_shape(t, ref, arg, ref_name);
+}
+
 // A per-column vector (bias, scale) broadcast along the last dim of `ref`.
 inline void check_column_vector(const c10::optional<at::Tensor>& t, const at::Tensor& ref, const char* arg) {
   if (!t) return;

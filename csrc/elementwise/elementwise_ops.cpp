@@ -11,17 +11,6 @@ namespace {
 
 int64_t last_dim(const at::Tensor& x) { return x.dim() ? x.size(-1) : 1; }
 
-void check_same_shape(const at::Tensor& t, const at::Tensor& ref, const char* arg, const char* ref_name) {
-  TORCH_CHECK(t.sizes() == ref.sizes(), "fusedops: ", arg, " has shape ", t.sizes(), " but ", ref_name,
-              " has shape ", ref.sizes());
-}
-
-void check_like(const at::Tensor& t, const at::Tensor& ref, const char* arg, const char* ref_name) {
-  check_cuda(t, ref, arg);
-  check_same_dtype(t, ref, arg);
-  check_same_shape(t, ref, arg, ref_name);
-}
-
 at::Tensor scale_bias_cuda(const at::Tensor& x, const c10::optional<at::Tensor>& scale,
                            const c10::optional<at::Tensor>& bias, double scale_value, double bias_value) {
   const DType dtype = to_dtype(x.scalar_type(), "x");

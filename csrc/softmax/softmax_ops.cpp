@@ -49,17 +49,6 @@ Rows as_rows(const at::Tensor& t) {
   return {t.contiguous(), rows, cols, cols};
 }
 
-void check_same_shape(const at::Tensor& t, const at::Tensor& ref, const char* arg, const char* ref_name) {
-  TORCH_CHECK(t.sizes() == ref.sizes(), "fusedops: ", arg, " has shape ", t.sizes(), " but ", ref_name,
-              " has shape ", ref.sizes());
-}
-
-void check_like(const at::Tensor& t, const at::Tensor& ref, const char* arg, const char* ref_name) {
-  check_cuda(t, ref, arg);
-  check_same_dtype(t, ref, arg);
-  check_same_shape(t, ref, arg, ref_name);
-}
-
 at::Tensor softmax_fwd_cuda(const at::Tensor& x, double scale, bool log) {
   const DType dtype = to_dtype(x.scalar_type(), "x");
   const c10::cuda::CUDAGuard guard(x.device());
