@@ -37,4 +37,5 @@ setup(
     ],
     cmdclass={"build_ext": BuildExtension},
     python_requires=">=3.9",
+    install_requires=["torch>=2.5", "numpy"],
 )

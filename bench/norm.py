@@ -93,7 +93,8 @@ def _timed_pair(fn, x, r, w, b):
 
 def _bytes(kind, n, rows, backward):
     elem = torch.finfo(DTYPE).bits // 8
-    rows_bytes = 4 if kind.startswith("add_") else 2  # each full-size operand once
+    # each full-size operand once: forward x -> out; backward x, dy -> dx; add_* one more of each
+    rows_bytes = 4 if kind.startswith("add_") else (3 if backward else 2)
     params = (2 if "layer" in kind else 1) * n * elem
     stats = (2 if "layer" in kind else 1) * rows * 4
     extra = params * (2 if backward else 1) + stats

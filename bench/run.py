@@ -30,6 +30,7 @@ def main():
     report = Report(copy_bandwidth_gbs())
     report.note = f"fusedops build: {fusedops.build_info()}; mode: {'quick' if args.quick else 'full'}"
     stem = args.stem or ("report_quick" if args.quick else "report")
+    failed = []
     for family in args.families.split(","):
         try:
             module = importlib.import_module(f"bench.{family}")
@@ -40,10 +41,13 @@ def main():
             module.run(report, args.quick)
         except Exception:  # noqa: BLE001 - one family's failure must not lose the others' numbers
             print(f"bench: {family} failed:\n{traceback.format_exc()}", file=sys.stderr)
+            failed.append(family)
             report.note += f"\n\n**{family}: the benchmark failed part-way; its table is incomplete.**"
         path = report.write(stem)  # after every family, so a run cut short keeps what it measured
     print(report.markdown())
     print(f"\nwritten: {path}", file=sys.stderr)
+    if failed:
+        sys.exit(f"bench: {', '.join(failed)} failed part-way (see above)")
 
 
 if __name__ == "__main__":

@@ -80,8 +80,8 @@ def _library_header_dirs(cuda_home):
     import torch
 
     site = os.path.dirname(os.path.dirname(torch.__file__))
-    found = glob.glob(os.path.join(site, "nvidia", "cu*", "include", "cusparse.h"))
-    return [os.path.dirname(found[0])] if found else []
+    # CUDA 13 wheels share one nvidia/cu13/include; CUDA 12 wheels have one folder per library.
+    return sorted(glob.glob(os.path.join(site, "nvidia", "*", "include")))
 
 
 def compile_args(archs):

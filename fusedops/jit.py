@@ -9,6 +9,8 @@ def load(verbose=False):
 
     The build cache lives in $FUSEDOPS_JIT_DIR, else torch's extensions folder.
     """
+    if not _build.sources():
+        raise RuntimeError(f"fusedops: JIT needs a source checkout; no CUDA sources under {_build.CSRC}")
     if _build.configure_cuda_home() is None:
         raise RuntimeError(_build.NO_TOOLKIT_MESSAGE)
     import torch.utils.cpp_extension as cpp_extension

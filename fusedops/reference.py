@@ -75,6 +75,13 @@ def dropout_keep_mask(shape, rng_state, p):
     return torch.from_numpy(keep).reshape(shape)
 
 
+def apply_dropout(t, rng_state, p):
+    """t with the dropped elements zeroed and the kept ones scaled by 1 / (1 - p), as the
+    dropout call that recorded rng_state did it."""
+    keep = dropout_keep_mask(t.shape, rng_state, p).to(t.device)
+    return torch.where(keep, t * (1.0 / (1.0 - p)), torch.zeros((), dtype=t.dtype, device=t.device))
+
+
 def new_rng_state():
     """A fresh (seed, offset) from the CPU generator, for dropout on CPU tensors."""
     seed = torch.randint(0, 2**62, (), dtype=torch.int64).item()
@@ -85,17 +92,12 @@ def bias_dropout_add(x, bias, residual, p, training, rng_state):
     acc = acc_dtype(x.dtype)
     y = x.to(acc) if bias is None else x.to(acc) + bias.to(acc)
     if training and p > 0:
-        keep = dropout_keep_mask(x.shape, rng_state, p).to(x.device)
-        y = torch.where(keep, y * (1.0 / (1.0 - p)), torch.zeros((), dtype=acc, device=x.device))
+        y = apply_dropout(y, rng_state, p)
     return (residual.to(acc) + y).to(x.dtype)
 
 
 def dropout_backward(grad, rng_state, p):
-    acc = acc_dtype(grad.dtype)
-    keep = dropout_keep_mask(grad.shape, rng_state, p).to(grad.device)
-    return torch.where(keep, grad.to(acc) * (1.0 / (1.0 - p)), torch.zeros((), dtype=acc, device=grad.device)).to(
-        grad.dtype
-    )
+    return apply_dropout(grad.to(acc_dtype(grad.dtype)), rng_state, p).to(grad.dtype)
 
 
 def swiglu(gate, up):
@@ -299,8 +301,7 @@ def masked_softmax(x, mask, scale, causal, p, rng_state):
     probs = torch.where(empty, zero, torch.softmax(z, -1))
     lse = torch.where(empty.squeeze(-1), torch.full((), float("inf"), dtype=acc, device=x.device), torch.logsumexp(z, -1))
     if p > 0:
-        keep = dropout_keep_mask(x.shape, rng_state, p).to(x.device)
-        probs = torch.where(keep, probs * (1.0 / (1.0 - p)), zero)
+        probs = apply_dropout(probs, rng_state, p)
     return probs.to(x.dtype).contiguous(), lse.contiguous()
 
 
@@ -309,6 +310,5 @@ def masked_softmax_backward(grad, x, mask, lse, rng_state, scale, causal, p):
     y = torch.exp(masked_logits(x, mask, scale, causal) - lse.to(acc).unsqueeze(-1))
     g = grad.to(acc)
     if p > 0:
-        keep = dropout_keep_mask(x.shape, rng_state, p).to(x.device)
-        g = torch.where(keep, g * (1.0 / (1.0 - p)), torch.zeros((), dtype=acc, device=x.device))
+        g = apply_dropout(g, rng_state, p)
     return (scale * y * (g - (g * y).sum(-1, keepdim=True))).to(x.dtype).contiguous()

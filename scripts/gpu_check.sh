@@ -33,7 +33,9 @@ if [[ $stages == *,cmake,* ]]; then
   step "cmake build + ctest"
   { cmake -B build/cmake -DCMAKE_BUILD_TYPE=Release \
       -DCMAKE_PREFIX_PATH="$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')" \
-    && cmake --build build/cmake -j "$MAX_JOBS" && (cd build/cmake && ctest --output-on-failure); } >"$out/cmake.log" 2>&1
+    && cmake --build build/cmake -j "$MAX_JOBS" && (cd build/cmake && ctest --output-on-failure) \
+    && (cd build/cmake/python && python3 -c "import fusedops; print(fusedops.__file__, fusedops.build_info())"); } \
+    >"$out/cmake.log" 2>&1
   rc=$?; tail -5 "$out/cmake.log"; [[ $rc == 0 ]] || status=1
 fi
 

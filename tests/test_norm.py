@@ -188,7 +188,7 @@ def test_compile_fullgraph_cpu():
         ("RMSNorm", {"elementwise_affine": False}),
     ],
 )
-def test_module_state_dict_and_forward_cpu(name, kwargs):
+def test_module_state_dict_and_forward_cpu(name, kwargs, monkeypatch):
     ours, theirs = getattr(fusedops.nn, name), getattr(torch.nn, name)
     torch_module = theirs((6, 16), **kwargs)
     with torch.no_grad():
@@ -199,7 +199,13 @@ def test_module_state_dict_and_forward_cpu(name, kwargs):
     assert module.state_dict().keys() == torch_module.state_dict().keys()
     module.load_state_dict(torch_module.state_dict())
     x = torch.randn(3, 6, 16, dtype=torch.float64)
-    torch.testing.assert_close(module.double()(x), torch_module.double()(x))
+    expected = torch_module.double()(x)
+
+    def torch_forward(*args):
+        raise AssertionError("the fused module fell back to torch's forward")
+
+    monkeypatch.setattr(theirs, "forward", torch_forward)
+    torch.testing.assert_close(module.double()(x), expected)
 
 
 # ---- GPU: the CUDA kernels -------------------------------------------------------------------

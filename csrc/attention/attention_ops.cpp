@@ -44,8 +44,8 @@ DType check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   TORCH_CHECK(q.dim() == 4, "fusedops: query must be 4-D [batch, heads, seq, head_dim], got shape ", q.sizes());
   TORCH_CHECK(k.dim() == 4, "fusedops: key must be 4-D [batch, heads, seq, head_dim], got shape ", k.sizes());
   TORCH_CHECK(v.sizes() == k.sizes(), "fusedops: value has shape ", v.sizes(), " but key has shape ", k.sizes());
-  check_cuda(k, q, "key");
-  check_cuda(v, q, "value");
+  check_same_device(k, q, "key");
+  check_same_device(v, q, "value");
   check_same_dtype(k, q, "key");
   check_same_dtype(v, q, "value");
   const DType dtype = to_dtype(q.scalar_type(), "query");
@@ -101,9 +101,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_cuda(const at::Tens
   TORCH_CHECK(dout.sizes() == q.sizes(), "fusedops: grad_out has shape ", dout.sizes(), " but query has shape ",
               q.sizes());
   TORCH_CHECK(out.sizes() == q.sizes(), "fusedops: out has shape ", out.sizes(), " but query has shape ", q.sizes());
-  check_cuda(dout, q, "grad_out");
-  check_cuda(out, q, "out");
-  check_cuda(lse, q, "lse");
+  check_same_device(dout, q, "grad_out");
+  check_same_device(out, q, "out");
+  check_same_device(lse, q, "lse");
   check_same_dtype(dout, q, "grad_out");
   check_same_dtype(out, q, "out");
   TORCH_CHECK(lse.scalar_type() == at::kFloat && lse.is_contiguous() &&

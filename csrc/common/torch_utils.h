@@ -25,7 +25,10 @@ inline DType to_dtype(at::ScalarType t, const char* arg) {
   return DType::Float32;  // unreachable
 }
 
-inline void check_cuda(const at::Tensor& t, const at::Tensor& ref, const char* arg) {
+// The arithmetic type of the kernels (and of saved statistics): fp64 for fp64, else fp32.
+inline at::ScalarType acc_type(at::ScalarType dtype) { return dtype == at::kDouble ? at::kDouble : at::kFloat; }
+
+inline void check_same_device(const at::Tensor& t, const at::Tensor& ref, const char* arg) {
   TORCH_CHECK(t.device() == ref.device(), "fusedops: ", arg, " is on ", t.device(), " but the input is on ",
               ref.device());
 }
@@ -42,7 +45,7 @@ inline void check_same_shape(const at::Tensor& t, const at::Tensor& ref, const c
 
 // t must be on ref's device, with ref's dtype and shape.
 inline void check_like(const at::Tensor& t, const at::Tensor& ref, const char* arg, const char* ref_name) {
-  check_cuda(t, ref, arg);
+  check_same_device(t, ref, arg);
   check_same_dtype(t, ref, arg);
   check_same_shape(t, ref, arg, ref_name);
 }
@@ -50,7 +53,7 @@ inline void check_like(const at::Tensor& t, const at::Tensor& ref, const char* a
 // A per-column vector (bias, scale) broadcast along the last dim of `ref`.
 inline void check_column_vector(const c10::optional<at::Tensor>& t, const at::Tensor& ref, const char* arg) {
   if (!t) return;
-  check_cuda(*t, ref, arg);
+  check_same_device(*t, ref, arg);
   check_same_dtype(*t, ref, arg);
   TORCH_CHECK(t->dim() == 1 && ref.dim() >= 1 && t->size(0) == ref.size(-1), "fusedops: ", arg,
               " must be 1-D with size input.shape[-1] = ", ref.dim() ? ref.size(-1) : 0, ", got shape ",

@@ -6,6 +6,8 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include "../common/torch_utils.h"
+
 namespace fusedops {
 namespace {
 
@@ -17,8 +19,6 @@ template <class Signature>
 c10::TypedOperatorHandle<Signature> op(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
 }
-
-at::ScalarType acc_type(at::ScalarType dtype) { return dtype == at::kDouble ? at::kDouble : at::kFloat; }
 
 // Sum over every dim but the last, accumulated in fp32: the gradient of a per-column vector.
 at::Tensor column_sum(const at::Tensor& t, at::ScalarType dtype) {

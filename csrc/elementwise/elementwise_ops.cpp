@@ -60,7 +60,9 @@ std::tuple<at::Tensor, at::Tensor> bias_dropout_add_fwd_cuda(const at::Tensor& x
   const bool dropout = training && p > 0.0;
   const at::Tensor xc = x.contiguous(), rc = residual.contiguous();
   at::Tensor out = at::empty_like(xc);
-  at::Tensor rng_state = dropout ? at::empty({2}, x.options().dtype(at::kLong)) : at::zeros({2}, x.options().dtype(at::kLong));
+  // Written by the kernel when it draws numbers; zeros when nothing is drawn.
+  at::Tensor rng_state = dropout && xc.numel() > 0 ? at::empty({2}, x.options().dtype(at::kLong))
+                                                   : at::zeros({2}, x.options().dtype(at::kLong));
   BiasDropoutAddParams params{xc.data_ptr(),  data_or_null(bias), rc.data_ptr(), out.data_ptr(),
                               rng_state.data_ptr<int64_t>(),     xc.numel(),     last_dim(x),   p, dropout, {}};
   if (dropout && xc.numel() > 0) params.philox = philox_args(4);
@@ -70,7 +72,7 @@ std::tuple<at::Tensor, at::Tensor> bias_dropout_add_fwd_cuda(const at::Tensor& x
 
 at::Tensor dropout_bwd_cuda(const at::Tensor& grad, const at::Tensor& rng_state, double p) {
   const DType dtype = to_dtype(grad.scalar_type(), "grad");
-  check_cuda(rng_state, grad, "rng_state");
+  check_same_device(rng_state, grad, "rng_state");
   TORCH_CHECK(rng_state.scalar_type() == at::kLong && rng_state.numel() == 2 && rng_state.is_contiguous(),
               "fusedops: rng_state must be the int64 tensor of 2 elements returned by the forward");
   TORCH_CHECK(p >= 0.0 && p < 1.0, "fusedops: p must be in [0, 1), got ", p);

@@ -41,7 +41,7 @@ DType check_affine(const c10::optional<at::Tensor>& weight, const c10::optional<
   for (const auto& [t, name] : {std::pair{&weight, "weight"}, std::pair{&bias, "bias"}}) {
     if (!*t) continue;
     const at::Tensor& v = **t;
-    check_cuda(v, input, name);
+    check_same_device(v, input, name);
     TORCH_CHECK(v.sizes() == shape, "fusedops: ", name, " must have shape normalized_shape = ", shape, ", got ",
                 v.sizes());
     TORCH_CHECK(v.is_contiguous(), "fusedops: ", name, " must be contiguous");
@@ -56,7 +56,7 @@ DType check_affine(const c10::optional<at::Tensor>& weight, const c10::optional<
 }
 
 void check_stats(const at::Tensor& t, const at::Tensor& input, int64_t rows, const char* name) {
-  check_cuda(t, input, name);
+  check_same_device(t, input, name);
   TORCH_CHECK(t.scalar_type() == at::kFloat && t.numel() == rows && t.is_contiguous(), "fusedops: ", name,
               " must be the contiguous float32 tensor of ", rows, " elements returned by the forward");
 }
@@ -72,7 +72,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_fwd(const at::Te
   const int64_t cols = normalized_cols(input, shape);
   const DType w_dtype = check_affine(weight, bias, input, shape);
   if (residual) {
-    check_cuda(*residual, input, "residual");
+    check_same_device(*residual, input, "residual");
     check_same_dtype(*residual, input, "residual");
     TORCH_CHECK(residual->sizes() == input.sizes(), "fusedops: residual has shape ", residual->sizes(),
                 " but input has shape ", input.sizes());
@@ -122,7 +122,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(const at::Tensor& grad_o
     if (grads[i] == nullptr) continue;
     const at::Tensor* t = grads[i];
     const char* name = grad_names[i];
-    check_cuda(*t, input, name);
+    check_same_device(*t, input, name);
     check_same_dtype(*t, input, name);
     TORCH_CHECK(t->sizes() == input.sizes(), "fusedops: ", name, " has shape ", t->sizes(), " but input has shape ",
                 input.sizes());

@@ -77,7 +77,7 @@ at::Tensor softmax_bwd_cuda(const at::Tensor& grad, const at::Tensor& y, double 
 // coalesce into kMaxLeadDims dims, which needs an input of more than 5 dims).
 at::Tensor mask_layout(const c10::optional<at::Tensor>& mask, const at::Tensor& x, MaskLayout& layout) {
   if (!mask) return at::Tensor();
-  check_cuda(*mask, x, "mask");
+  check_same_device(*mask, x, "mask");
   const bool is_bool = mask->scalar_type() == at::kBool;
   TORCH_CHECK(is_bool || mask->scalar_type() == x.scalar_type(), "fusedops: mask must be bool or have x's dtype ",
               x.scalar_type(), ", got ", mask->scalar_type());
@@ -117,7 +117,6 @@ at::Tensor mask_layout(const c10::optional<at::Tensor>& mask, const at::Tensor& 
 }
 
 // The log-sum-exp is saved in the accumulation type.
-at::ScalarType lse_dtype(const at::Tensor& x) { return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> masked_softmax_fwd_cuda(const at::Tensor& x,
                                                                        const c10::optional<at::Tensor>& mask,
@@ -134,7 +133,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> masked_softmax_fwd_cuda(const at:
   const Rows in = as_rows(x);
   const bool dropout = training && p > 0.0;
   at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
-  at::Tensor lse = at::empty(x.sizes().slice(0, x.dim() - 1), x.options().dtype(lse_dtype(x)));
+  at::Tensor lse = at::empty(x.sizes().slice(0, x.dim() - 1), x.options().dtype(acc_type(x.scalar_type())));
   at::Tensor rng_state = at::zeros({2}, x.options().dtype(at::kLong));
   params.x = in.tensor.data_ptr();
   params.out = out.data_ptr();
@@ -159,10 +158,10 @@ at::Tensor masked_softmax_bwd_cuda(const at::Tensor& grad, const at::Tensor& x, 
   const DType dtype = to_dtype(x.scalar_type(), "x");
   TORCH_CHECK(x.dim() >= 1, "fusedops: x must have at least 1 dim");
   check_like(grad, x, "grad", "x");
-  check_cuda(lse, x, "lse");
-  TORCH_CHECK(lse.scalar_type() == lse_dtype(x) && lse.is_contiguous() && lse.numel() * x.size(-1) == x.numel(),
-              "fusedops: lse must be the ", lse_dtype(x), " tensor of shape x.shape[:-1] returned by masked_softmax_fwd");
-  check_cuda(rng_state, x, "rng_state");
+  check_same_device(lse, x, "lse");
+  TORCH_CHECK(lse.scalar_type() == acc_type(x.scalar_type()) && lse.is_contiguous() && lse.numel() * x.size(-1) == x.numel(),
+              "fusedops: lse must be the ", acc_type(x.scalar_type()), " tensor of shape x.shape[:-1] returned by masked_softmax_fwd");
+  check_same_device(rng_state, x, "rng_state");
   TORCH_CHECK(rng_state.scalar_type() == at::kLong && rng_state.numel() == 2 && rng_state.is_contiguous(),
               "fusedops: rng_state must be the int64 tensor of 2 elements returned by the forward");
   TORCH_CHECK(p >= 0.0 && p < 1.0, "fusedops: dropout_p must be in [0, 1), got ", p);

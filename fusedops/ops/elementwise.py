@@ -67,7 +67,7 @@ def bias_gelu(x, bias=None, approximate="none"):
 
 
 def _bias_dropout_add_cpu(x, bias, residual, p, training):
-    rng_state = reference.new_rng_state()
+    rng_state = reference.new_rng_state() if training and p > 0 else torch.zeros(2, dtype=torch.int64)
     return reference.bias_dropout_add(x, bias, residual, p, training, rng_state), rng_state
 
 

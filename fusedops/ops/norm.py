@@ -154,6 +154,8 @@ def _normalized_shape(normalized_shape, input):
     """normalized_shape as a list of ints, checked against input's trailing dims."""
     if isinstance(normalized_shape, numbers.Integral):
         normalized_shape = (normalized_shape,)
+    if not all(isinstance(d, numbers.Integral) for d in normalized_shape):
+        raise TypeError(f"fusedops: normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}")
     shape = [int(d) for d in normalized_shape]
     if not shape or len(shape) > input.dim() or list(input.shape[input.dim() - len(shape) :]) != shape:
         raise ValueError(
@@ -207,8 +209,8 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
 
 def rms_norm(input, normalized_shape, weight=None, eps=None):
     """F.rms_norm in one pass (eps=None means torch.finfo(input.dtype).eps)."""
-    if isinstance(input, torch.Tensor):
-        eps = _rms_eps(eps, input)
+    _checks.check_input(input, "input")
+    eps = _rms_eps(eps, input)
     shape = _check_norm_args(input, normalized_shape, weight, None, eps)
     return ops.rms_norm_fwd(input, shape, weight, float(eps))[0]
 
@@ -224,8 +226,8 @@ def add_layer_norm(input, residual, normalized_shape, weight=None, bias=None, ep
 def add_rms_norm(input, residual, normalized_shape, weight=None, eps=None):
     """(out, residual_out): residual_out = input + residual, out = rms_norm(residual_out), in one
     pass. Gradients reach input and residual."""
-    if isinstance(input, torch.Tensor):
-        eps = _rms_eps(eps, input)
+    _checks.check_input(input, "input")
+    eps = _rms_eps(eps, input)
     shape = _check_norm_args(input, normalized_shape, weight, None, eps, residual)
     out, residual_out, _ = ops.add_rms_norm_fwd(input, residual, shape, weight, float(eps))
     return out, residual_out
