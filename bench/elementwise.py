@@ -83,11 +83,12 @@ def host_overhead(report, quick):
         ("bias_dropout_add vs F.dropout", lambda x: fusedops.bias_dropout_add(x, b, x, 0.1), lambda x: F.dropout(x, 0.1)),
         ("swiglu vs F.silu", lambda x: fusedops.swiglu(x, x), F.silu),
     ]
+    calls = 2_000 if quick else 10_000
     for name, fused, torch_op in pairs:
         for tag, t in (("", x), (", requires_grad", xg)):
-            report.host_overhead("host overhead per call (4x64 fp32, 10,000 calls)", name + tag,
+            report.host_overhead(f"host overhead per call (4x64 fp32, {calls:,} calls)", name + tag,
                                  {"fusedops": lambda f=fused, t=t: f(t), "torch": lambda f=torch_op, t=t: f(t)},
-                                 calls=2_000 if quick else 10_000)
+                                 calls=calls)
 
 
 def run(report, quick):
