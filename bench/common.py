@@ -62,6 +62,15 @@ def gbs(n_bytes, ms):
     return n_bytes / ms / 1e6 if ms and ms > 0 else float("nan")
 
 
+def backward_thunk(fn, inputs):
+    """A callable that runs only the backward of fn(*inputs): the graph is built once (fresh leaf
+    copies of the inputs, a random output gradient) and retained between calls."""
+    leaves = [t.detach().clone().requires_grad_(True) for t in inputs]
+    out = fn(*leaves)
+    grad = torch.randn_like(out)
+    return lambda: torch.autograd.grad(out, leaves, grad, retain_graph=True)
+
+
 def try_compile(fn):
     """torch.compile(fn), or None where inductor cannot run here."""
     try:

@@ -5,7 +5,7 @@ import torch.nn.functional as F
 
 import fusedops
 
-from .common import progress, try_compile
+from .common import backward_thunk, progress, try_compile
 
 COLS = 4096
 
@@ -51,13 +51,6 @@ def _op_cases(dtype, numel):
     ]
 
 
-def _backward_fn(fn, inputs):
-    leaves = [t.detach().clone().requires_grad_(True) for t in inputs]
-    out = fn(*leaves)
-    grad = torch.randn_like(out)
-    return lambda: torch.autograd.grad(out, leaves, grad, retain_graph=True)
-
-
 def ops_tables(report, quick):
     numel = 2**28
     for dtype in (torch.bfloat16, torch.float32):
@@ -68,7 +61,7 @@ def ops_tables(report, quick):
             report.measure(f"elementwise forward, 2^28 elements", f"{name} {tag}",
                            {k: (lambda f=f: f(*inputs)) if f else None for k, f in impls.items()}, n_bytes=fwd_bytes)
             report.measure(f"elementwise backward, 2^28 elements", f"{name} {tag}",
-                           {k: _backward_fn(f, inputs) if f else None for k, f in impls.items()}, n_bytes=bwd_bytes)
+                           {k: backward_thunk(f, inputs) if f else None for k, f in impls.items()}, n_bytes=bwd_bytes)
             torch.cuda.empty_cache()
 
 

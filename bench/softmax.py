@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 import fusedops
 
-from .common import liger, progress, try_compile
+from .common import backward_thunk, liger, progress, try_compile
 
 NUMEL = 2**27
 SIZES = [128, 1024, 4096, 16384, 65536, 262144]
@@ -27,17 +27,10 @@ def _liger_softmax():
     return LigerSoftmaxFunction.apply
 
 
-def _backward_fn(fn, x):
-    leaf = x.detach().clone().requires_grad_(True)
-    out = fn(leaf)
-    grad = torch.randn_like(out)
-    return lambda: torch.autograd.grad(out, leaf, grad, retain_graph=True)
-
-
 def _measure_fwd_bwd(report, table, case, impls, x, fwd_bytes, bwd_bytes):
     report.measure(f"{table} forward", case, {k: (lambda f=f: f(x)) if f else None for k, f in impls.items()},
                    n_bytes=fwd_bytes)
-    report.measure(f"{table} backward", case, {k: _backward_fn(f, x) if f else None for k, f in impls.items()},
+    report.measure(f"{table} backward", case, {k: backward_thunk(f, (x,)) if f else None for k, f in impls.items()},
                    n_bytes=bwd_bytes)
     torch.cuda.empty_cache()
 

@@ -63,6 +63,19 @@ DType check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   return dtype;
 }
 
+// The problem shape and softmax settings both kernels' params carry (sizes checked to fit int).
+template <class Params>
+void set_problem(Params& p, const at::Tensor& q, const at::Tensor& k, bool causal, double scale) {
+  p.batch = static_cast<int>(q.size(0));
+  p.heads_q = static_cast<int>(q.size(1));
+  p.heads_kv = static_cast<int>(k.size(1));
+  p.len_q = static_cast<int>(q.size(2));
+  p.len_k = static_cast<int>(k.size(2));
+  p.head_dim = static_cast<int>(q.size(3));
+  p.scale = static_cast<float>(scale);
+  p.causal = causal;
+}
+
 std::tuple<at::Tensor, at::Tensor> attention_fwd_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                       bool causal, double scale) {
   const DType dtype = check_qkv(q, k, v);
@@ -81,14 +94,7 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd_cuda(const at::Tensor& q, const
   p.k_stride = strides_of(kc);
   p.v_stride = strides_of(vc);
   p.out_stride = strides_of(out);
-  p.batch = static_cast<int>(q.size(0));
-  p.heads_q = static_cast<int>(q.size(1));
-  p.heads_kv = static_cast<int>(k.size(1));
-  p.len_q = static_cast<int>(q.size(2));
-  p.len_k = static_cast<int>(k.size(2));
-  p.head_dim = static_cast<int>(q.size(3));
-  p.scale = static_cast<float>(scale);
-  p.causal = causal;
+  set_problem(p, q, k, causal, scale);
   C10_CUDA_CHECK(launch_attention_fwd(p, dtype, c10::cuda::getCurrentCUDAStream()));
   return {out, lse};
 }
@@ -143,14 +149,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_cuda(const at::Tens
     p.dq_stride = strides_of(dq);
     p.dk_stride = strides_of(dk);
     p.dv_stride = strides_of(dv);
-    p.batch = static_cast<int>(q.size(0));
-    p.heads_q = static_cast<int>(q.size(1));
-    p.heads_kv = static_cast<int>(k.size(1));
-    p.len_q = static_cast<int>(q.size(2));
-    p.len_k = static_cast<int>(k.size(2));
-    p.head_dim = static_cast<int>(q.size(3));
-    p.scale = static_cast<float>(scale);
-    p.causal = causal;
+    set_problem(p, q, k, causal, scale);
     p.dkdv_fp32 = grouped;
     C10_CUDA_CHECK(launch_attention_bwd(p, dtype, c10::cuda::getCurrentCUDAStream()));
   }
