@@ -142,9 +142,26 @@ def test_forward_gpu(shape, dtype):
     for approximate in ("none", "tanh"):
         _check(fusedops.bias_gelu(x, b, approximate), lambda x, b: F.gelu(x + b, approximate=approximate), (x, b),
                dtype, "bias_gelu")
+    _check(fusedops.bias_gelu(x, None), F.gelu, (x,), dtype, "bias_gelu without bias")
     _check(fusedops.bias_dropout_add(x, b, r, 0.5, training=False), lambda x, b, r: r + (x + b), (x, b, r), dtype,
            "bias_dropout_add eval")
     _check(fusedops.swiglu(g, x), lambda g, x: F.silu(g) * x, (g, x), dtype, "swiglu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_tails_gpu(approximate, dtype):
+    """Deep tails, where the fitted 16-bit normal CDF and the sigmoid form must not cancel."""
+    x = torch.linspace(-16, 16, 8191, device="cuda").to(dtype).requires_grad_(True)
+    y = fusedops.bias_gelu(x, None, approximate)
+    _check(y.detach(), lambda x: F.gelu(x, approximate=approximate), (x.detach(),), dtype, "bias_gelu tails")
+    (grad,) = torch.autograd.grad(y, x, torch.ones_like(y))
+    x64 = x.detach().double().requires_grad_(True)
+    (ref,) = torch.autograd.grad(F.gelu(x64, approximate=approximate).sum(), x64)
+    xt = x.detach().requires_grad_(True)
+    (theirs,) = torch.autograd.grad(F.gelu(xt, approximate=approximate).sum(), xt)
+    assert_close_to_reference(grad, ref, theirs, factor=3.0, atol=1e-5, name="bias_gelu tails grad")
 
 
 @pytest.mark.gpu

@@ -11,7 +11,7 @@
 namespace fusedops {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 128;  // beat 256 and 512 for the instruction-heavy bf16 ops
 constexpr int kUnroll = 4;
 
 // NIN full-size inputs, NOUT outputs, NCOL column vectors broadcast along the last dim.
@@ -102,8 +102,8 @@ cudaError_t launch_with(const Operands<T, NIN, NOUT, NCOL>& ops, const Op& op, c
   return cudaGetLastError();
 }
 
-// Picks 16-byte vectors when every pointer is aligned and no vector straddles a row of the
-// column vectors, else scalar accesses; 32-bit index arithmetic when it cannot overflow.
+// Picks 16-byte vectors when every pointer is aligned and no vector straddles a row of a
+// column vector that is present, else scalar accesses; 32-bit index arithmetic when it cannot overflow.
 template <typename T, int NIN, int NOUT, int NCOL, class Op>
 cudaError_t launch_elementwise(const Operands<T, NIN, NOUT, NCOL>& ops, const Op& op, cudaStream_t stream) {
   if (ops.numel == 0) return cudaSuccess;
@@ -111,8 +111,9 @@ cudaError_t launch_elementwise(const Operands<T, NIN, NOUT, NCOL>& ops, const Op
   bool vectorized = true;
   for (int i = 0; i < NIN; ++i) vectorized &= is_aligned(ops.in[i], 16);
   for (int o = 0; o < NOUT; ++o) vectorized &= is_aligned(ops.out[o], 16);
-  for (int k = 0; k < NCOL; ++k) vectorized &= ops.col[k] == nullptr || is_aligned(ops.col[k], 16);
-  if (NCOL > 0) vectorized &= ops.cols % kVec == 0;
+  for (int k = 0; k < NCOL; ++k) {
+    if (ops.col[k] != nullptr) vectorized &= is_aligned(ops.col[k], 16) && ops.cols % kVec == 0;
+  }
   // Largest index formed: numel + kThreads * kUnroll * gridDim (the last stride step).
   const bool small = ops.numel < (int64_t(1) << 31);
   if (vectorized) {
@@ -126,9 +127,10 @@ cudaError_t launch_elementwise(const Operands<T, NIN, NOUT, NCOL>& ops, const Op
 // bf16 activations are instruction-bound otherwise (bias_gelu, swiglu: ~75% of copy bandwidth).
 template <typename T> constexpr bool kFastMath = sizeof(T) == 2;
 
-template <typename T> __device__ __forceinline__ acc_t<T> exp_(acc_t<T> x) {
-  if constexpr (kFastMath<T>) return __expf(x);
-  else return exp(x);
+__device__ __forceinline__ float exp2f_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
 }
 
 template <typename T> __device__ __forceinline__ acc_t<T> sigmoid(acc_t<T> x) {
@@ -141,37 +143,45 @@ constexpr double kGeluCubic = 0.044715;
 constexpr double kRsqrt2 = 0.7071067811865476;
 constexpr double kRsqrt2Pi = 0.3989422804014327;
 
-// Standard normal CDF. For 16-bit outputs: erfc(z) = t exp(-z^2 + P(t)), t = 1 / (1 + z / 2),
-// with P our degree-5 least-squares fit of log(erfc(z) / t) + z^2 over z in [0, 9.5] (relative
-// error 8.5e-6 in float64). In fp32 arithmetic x * cdf(x) stays within 2.5e-5 relative of
-// x * Phi(x) down to x = -13 and within 1.5e-6 absolute everywhere (checked against scipy):
-// far below 16-bit rounding, at about half the instructions of erff, which made the bf16
-// erf-GELU instruction-bound at 66% of copy bandwidth. The tail does not cancel as
-// 0.5 * (1 + erf(x / sqrt 2)) does.
-template <typename T> __device__ __forceinline__ acc_t<T> normal_cdf(acc_t<T> x) {
-  using A = acc_t<T>;
-  if constexpr (kFastMath<T>) {
-    constexpr float kFit[] = {-1.266671658e+00f, 1.019371152e+00f,  2.492530048e-01f,
-                              4.837083220e-01f,  -7.168908715e-01f, 2.312385142e-01f};
-    const float z = fabsf(x) * float(kRsqrt2);
-    float t;  // 1 / (1 + z / 2): the operand is >= 1, so the approximate reciprocal is exact enough
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(t) : "f"(fmaf(0.5f, z, 1.0f)));
-    float poly = kFit[5];
+// Lower tail of the standard normal, Phi(-|x|) = erfc(z) / 2 with z = |x| / sqrt 2, for 16-bit
+// outputs: erfc(z) = t exp(-z^2 + P(t)), t = 1 / (1 + z / 2), with P our degree-5 least-squares
+// fit of log(erfc(z) / t) + z^2 over z in [0, 9.5] (relative error 8.5e-6 in float64), here
+// rewritten in base 2 with the 1/2 folded in: Phi(-|x|) = t 2^(Q(t) - x^2 log2(e) / 2),
+// Q = log2(e) P - 1. In fp32 arithmetic x Phi(x) stays within 2.5e-5 relative of the exact value
+// down to x = -13 and within 1.5e-6 absolute everywhere (checked against scipy): far below
+// 16-bit rounding, at about half the instructions of erff (the bf16 erf-GELU was
+// instruction-bound at 66% of copy bandwidth with erff). The tail does not cancel as
+// 0.5 * (1 + erf(x / sqrt 2)) does. Also returns 2^(-x^2 log2(e) / 2) = exp(-x^2 / 2).
+struct NormalTail {
+  float phi_neg_abs;  // Phi(-|x|)
+  float gauss;        // exp(-x^2 / 2)
+};
+
+__device__ __forceinline__ NormalTail normal_tail(float x) {
+  constexpr float kQ[] = {-2.827420919e+00f, 1.470641706e+00f, 3.595960740e-01f,
+                          6.978435974e-01f,  -1.034254905e+00f, 3.336066577e-01f};
+  constexpr float kHalfRsqrt2 = 0.353553391f, kHalfLog2e = 0.721347520f;
+  float t;  // 1 / (1 + |x| / (2 sqrt 2)): the operand is >= 1, so the approximate reciprocal is exact enough
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(t) : "f"(fmaf(kHalfRsqrt2, fabsf(x), 1.0f)));
+  float q = kQ[5];
 #pragma unroll
-    for (int i = 4; i >= 0; --i) poly = fmaf(poly, t, kFit[i]);
-    const float half_erfc = 0.5f * t * __expf(fmaf(-z, z, poly));
-    return x >= 0.0f ? 1.0f - half_erfc : half_erfc;
-  } else {
-    return A(0.5) * (A(1) + erf(x * A(kRsqrt2)));
-  }
+  for (int i = 4; i >= 0; --i) q = fmaf(q, t, kQ[i]);
+  const float minus_exponent = x * x * kHalfLog2e;
+  return {t * exp2f_approx(q - minus_exponent), exp2f_approx(-minus_exponent)};
 }
+
+// Standard normal CDF for fp32 and fp64: the library erf.
+template <typename A> __device__ __forceinline__ A normal_cdf(A x) { return A(0.5) * (A(1) + erf(x * A(kRsqrt2))); }
 
 // 0.5 * (1 + tanh(u)) == sigmoid(2u): the sigmoid form keeps its relative accuracy where
 // 1 + tanh(u) cancels (large negative inputs).
 template <typename T> __device__ __forceinline__ acc_t<T> gelu(acc_t<T> x, bool tanh_approx) {
   using A = acc_t<T>;
   if (tanh_approx) return x * sigmoid<T>(A(2 * kSqrt2OverPi) * (x + A(kGeluCubic) * x * x * x));
-  return x * normal_cdf<T>(x);
+  // x Phi(x) = max(x, 0) - |x| Phi(-|x|) for either sign of x, without a select. |x| is capped
+  // where Phi(-|x|) has long underflowed to 0, so x = +inf gives inf, not inf * 0.
+  if constexpr (kFastMath<T>) return fmaf(-fminf(fabsf(x), 16.0f), normal_tail(x).phi_neg_abs, fmaxf(x, 0.0f));
+  else return x * normal_cdf(x);
 }
 
 template <typename T> __device__ __forceinline__ acc_t<T> gelu_grad(acc_t<T> x, bool tanh_approx) {
@@ -181,7 +191,12 @@ template <typename T> __device__ __forceinline__ acc_t<T> gelu_grad(acc_t<T> x, 
     const A s = sigmoid<T>(A(2 * kSqrt2OverPi) * (x + A(kGeluCubic) * x2 * x));
     return s + A(2 * kSqrt2OverPi) * x * s * (A(1) - s) * (A(1) + A(3 * kGeluCubic) * x2);
   }
-  return normal_cdf<T>(x) + x * exp_<T>(A(-0.5) * x2) * A(kRsqrt2Pi);
+  if constexpr (kFastMath<T>) {
+    const NormalTail tail = normal_tail(x);
+    return fmaf(x * float(kRsqrt2Pi), tail.gauss, x >= 0.0f ? 1.0f - tail.phi_neg_abs : tail.phi_neg_abs);
+  } else {
+    return normal_cdf(x) + x * exp(A(-0.5) * x2) * A(kRsqrt2Pi);
+  }
 }
 
 template <typename T> struct ScaleBiasOp {
