@@ -152,6 +152,17 @@ def test_compile_fullgraph_cpu():
     torch.testing.assert_close(torch.compile(fn, fullgraph=True)(q, k, v), fn(q, k, v))
 
 
+@pytest.mark.parametrize(
+    "archs, expected",
+    [("9.0", "9.0a"), ("8.0;9.0", "8.0;9.0a"), ("8.0 9.0", "8.0;9.0a"), ("9.0a", "9.0a"), ("9.0+PTX", "9.0+PTX")],
+)
+def test_build_compiles_sm90_as_sm90a(archs, expected):
+    """The Hopper wgmma forward needs an sm_90a cubin: a plain 9.0 is built as 9.0a."""
+    from fusedops import _build
+
+    assert _build.with_sm90a(archs) == expected
+
+
 # ---- GPU: accuracy ----------------------------------------------------------------------------
 
 
@@ -315,3 +326,106 @@ def test_compile_fullgraph_cuda():
 def test_sanitizer_small(head_dim, causal, lq, lk):
     q, k, v = _qkv(1, 4, 2, lq, lk, head_dim, torch.float16)
     _check_against_torch(q, k, v, causal)
+
+
+# ---- GPU: Hopper wgmma forward (sm_90 devices, sm_90a builds) ----------------------------------
+# On an sm_90 device the forward of head dims 64 and 128 runs attention_fwd_sm90_kernel; every
+# accuracy test above then checks it. These tests first prove that kernel runs, then localize a
+# layout error: single-tile cases report the error of the LSE (depends on S = Q K^T only), of O
+# with q = 0 (S = 0: depends on O += P V only) and of O, each per warp row block and per column
+# block, against float64.
+
+SM90_HEAD_DIMS = [64, 128]
+
+
+def _on_sm90():
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+needs_sm90 = pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 (Hopper) GPU")
+
+
+def _kernel_names(fn):
+    """Names of the CUDA kernels fn launches."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return {event.name for event in prof.events() if event.device_type == torch.autograd.DeviceType.CUDA}
+
+
+def _error_map(out, ref, row_block, col_block):
+    """Max abs error per (row block, column block) of the last two dims, as a nested list."""
+    err = (out.double() - ref).abs().amax(dim=tuple(range(out.dim() - 2)))
+    rows, cols = err.shape
+    return [
+        [f"{err[r:r + row_block, c:c + col_block].max().item():.1e}" for c in range(0, cols, col_block)]
+        for r in range(0, rows, row_block)
+    ]
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", SM90_HEAD_DIMS + [96])
+def test_sm90_forward_kernel_runs(dtype, head_dim):
+    assert "9.0a" in fusedops.build_info()["arch_list"], "the build must compile sm_90a for the Hopper kernel"
+    q, k, v = _qkv(1, 2, 2, 200, 300, head_dim, dtype)
+    names = _kernel_names(lambda: ops.attention_fwd(q, k, v, True, 0.1))
+    sm90 = any("attention_fwd_sm90_kernel" in name for name in names)
+    mma_sync = any("attention_fwd_kernel" in name for name in names)
+    if head_dim in SM90_HEAD_DIMS:
+        assert sm90 and not mma_sync, f"expected the wgmma kernel, ran {sorted(names)}"
+    else:
+        assert mma_sync and not sm90, f"expected the mma.sync kernel, ran {sorted(names)}"
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", SM90_HEAD_DIMS)
+@pytest.mark.parametrize("length", [64, 128])
+def test_sm90_single_tile_diagnostic(dtype, head_dim, length):
+    q, k, v = _qkv(1, 2, 2, length, length, head_dim, dtype)
+    scale = head_dim**-0.5
+    report = {}
+
+    out, lse = ops.attention_fwd(q, k, v, False, scale)
+    ref_out, ref_lse = reference.attention_fwd(q.double(), k.double(), v.double(), False, scale)
+    torch_out = F.scaled_dot_product_attention(q, k, v, scale=scale)
+    budget = 2 * (torch_out.double() - ref_out).abs().max().item() + 1e-5
+    report["lse (S = QK^T only) max err"] = (lse.double() - ref_lse).abs().max().item()
+    report["lse err per 16-row warp block"] = _error_map(lse.unsqueeze(-1), ref_lse.unsqueeze(-1), 16, 1)
+
+    zero_q = torch.zeros_like(q)
+    pv_out, _ = ops.attention_fwd(zero_q, k, v, False, scale)
+    pv_ref, _ = reference.attention_fwd(zero_q.double(), k.double(), v.double(), False, scale)
+    report["out with q = 0 (P V only) max err"] = (pv_out.double() - pv_ref).abs().max().item()
+    report["out with q = 0, err per (16 rows, 64 cols)"] = _error_map(pv_out, pv_ref, 16, 64)
+
+    report["out max err"] = (out.double() - ref_out).abs().max().item()
+    report["out err per (16 rows, 64 cols)"] = _error_map(out, ref_out, 16, 64)
+    report["budget (2x torch's error)"] = budget
+    message = "\n".join(f"{key}: {value}" for key, value in report.items())
+    assert report["lse (S = QK^T only) max err"] <= 1e-3, message
+    assert report["out with q = 0 (P V only) max err"] <= budget, message
+    assert report["out max err"] <= budget, message
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("head_dim", SM90_HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("lq, lk", [(64, 64), (128, 128), (129, 129), (200, 700), (700, 200), (4224, 4224)])
+def test_sm90_no_worse_than_mma_sync_path(monkeypatch, head_dim, causal, lq, lk):
+    """The wgmma forward against the mma.sync forward (FUSEDOPS_ATTENTION_SM90=0), both vs float64."""
+    q, k, v = _qkv(2, 4, 2, lq, lk, head_dim, torch.bfloat16)
+    ref_out, ref_lse = reference.attention_fwd(q.double(), k.double(), v.double(), causal, 0.1)
+    out, lse = ops.attention_fwd(q, k, v, causal, 0.1)
+    monkeypatch.setenv("FUSEDOPS_ATTENTION_SM90", "0")
+    old_out, old_lse = ops.attention_fwd(q, k, v, causal, 0.1)
+    err, old_err = ((o.double() - ref_out).abs().max().item() for o in (out, old_out))
+    lse_err, old_lse_err = ((l.double() - ref_lse).abs().max().item() for l in (lse, old_lse))
+    assert err <= 1.5 * old_err + 1e-5, f"out: wgmma {err:.3e} vs mma.sync {old_err:.3e}"
+    assert lse_err <= 1.5 * old_lse_err + 1e-5, f"lse: wgmma {lse_err:.3e} vs mma.sync {old_lse_err:.3e}"
