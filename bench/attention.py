@@ -17,7 +17,7 @@ from .common import progress
 
 # (B, H, S, D) from shared/ANCHORS.md's attention table.
 SHAPES = [(4, 16, 4096, 128), (1, 16, 16384, 128), (8, 32, 2048, 64), (2, 32, 8192, 64)]
-QUICK_SHAPES = [(4, 16, 4096, 128)]
+QUICK_SHAPES = [(4, 16, 4096, 128), (8, 32, 2048, 64)]  # both Hopper forward kernels (head_dim 128 and 64)
 
 
 def _backends():
