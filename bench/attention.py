@@ -2,8 +2,11 @@
 
 FLOPs: forward = 4 * B * H * Lq * Lk * D (S = Q K^T and O = P V), halved when causal;
 backward = 2.5 x forward. Backward is timed alone (autograd.grad on a retained graph).
+"fusedops mma.sync" is the sm_80-style forward forced on Hopper (FUSEDOPS_ATTENTION_SM90=0), to
+compare it with the wgmma forward "fusedops" runs there.
 """
 import contextlib
+import os
 
 import torch
 import torch.nn.functional as F
@@ -14,7 +17,7 @@ from .common import progress
 
 # (B, H, S, D) from shared/ANCHORS.md's attention table.
 SHAPES = [(4, 16, 4096, 128), (1, 16, 16384, 128), (8, 32, 2048, 64), (2, 32, 8192, 64)]
-QUICK_SHAPES = [(4, 16, 4096, 128)]
+QUICK_SHAPES = [(4, 16, 4096, 128), (8, 32, 2048, 64)]  # both Hopper forward kernels (head_dim 128 and 64)
 
 
 def _backends():
@@ -29,6 +32,19 @@ def _backends():
         if backend is not None:
             found[name] = lambda backend=backend: sdpa_kernel(backend)
     return found
+
+
+@contextlib.contextmanager
+def _mma_sync_forward():
+    saved = os.environ.get("FUSEDOPS_ATTENTION_SM90")
+    os.environ["FUSEDOPS_ATTENTION_SM90"] = "0"
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["FUSEDOPS_ATTENTION_SM90"]
+        else:
+            os.environ["FUSEDOPS_ATTENTION_SM90"] = saved
 
 
 def _forward_fn(impl, context, q, k, v, causal):
@@ -65,14 +81,21 @@ def run(report, quick):
             flops = 4 * b * h * s * s * d * (0.5 if causal else 1.0)
             case = f"B{b} H{h} S{s} D{d}{' causal' if causal else ''}"
             ours = _forward_fn(fusedops.scaled_dot_product_attention, contextlib.nullcontext, q, k, v, causal)
-            forwards = {"fusedops": ours}
+            forwards = {
+                "fusedops": ours,
+                "fusedops mma.sync": _forward_fn(
+                    fusedops.scaled_dot_product_attention, _mma_sync_forward, q, k, v, causal
+                ),
+            }
             for name, context in backends.items():
                 forwards[name] = _forward_fn(F.scaled_dot_product_attention, context, q, k, v, causal)
             forwards = {name: _usable(fn) for name, fn in forwards.items()}
             with torch.no_grad():
                 report.measure("attention forward, bf16", case, forwards, flops=flops)
             backwards = {
-                name: None if fn is None else _usable(_backward_fn(fn, q, k, v)) for name, fn in forwards.items()
+                name: None if fn is None else _usable(_backward_fn(fn, q, k, v))
+                for name, fn in forwards.items()
+                if name != "fusedops mma.sync"  # the same backward kernels as "fusedops"
             }
             report.measure("attention backward, bf16", case, backwards, flops=2.5 * flops)
             del forwards, backwards

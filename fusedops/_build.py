@@ -58,17 +58,25 @@ NO_TOOLKIT_MESSAGE = (
 )
 
 
+def with_sm90a(archs):
+    """The arch list with a plain 9.0 entry compiled as 9.0a (an sm_90a cubin: Hopper's wgmma
+    kernels exist only there; it runs on sm_90 devices). "9.0+PTX" is kept as it is, so its PTX
+    stays forward compatible; such a build uses the sm_80-style kernels on Hopper."""
+    entries = archs.replace(" ", ";").split(";")
+    return ";".join("9.0a" if entry == "9.0" else entry for entry in entries if entry)
+
+
 def arch_list():
-    """TORCH_CUDA_ARCH_LIST if set, else the visible GPU, else sm_80 + sm_90."""
+    """TORCH_CUDA_ARCH_LIST if set, else the visible GPU, else sm_80 + sm_90; 9.0 means 9.0a."""
     env = os.environ.get("TORCH_CUDA_ARCH_LIST")
     if env:
-        return env
+        return with_sm90a(env)
     import torch
 
     if torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability()
-        return f"{major}.{minor}"
-    return DEFAULT_ARCH_LIST
+        return with_sm90a(f"{major}.{minor}")
+    return with_sm90a(DEFAULT_ARCH_LIST)
 
 
 def _library_header_dirs(cuda_home):

@@ -152,6 +152,17 @@ def test_compile_fullgraph_cpu():
     torch.testing.assert_close(torch.compile(fn, fullgraph=True)(q, k, v), fn(q, k, v))
 
 
+@pytest.mark.parametrize(
+    "archs, expected",
+    [("9.0", "9.0a"), ("8.0;9.0", "8.0;9.0a"), ("8.0 9.0", "8.0;9.0a"), ("9.0a", "9.0a"), ("9.0+PTX", "9.0+PTX")],
+)
+def test_build_compiles_sm90_as_sm90a(archs, expected):
+    """The Hopper wgmma forward needs an sm_90a cubin: a plain 9.0 is built as 9.0a."""
+    from fusedops import _build
+
+    assert _build.with_sm90a(archs) == expected
+
+
 # ---- GPU: accuracy ----------------------------------------------------------------------------
 
 
@@ -315,3 +326,107 @@ def test_compile_fullgraph_cuda():
 def test_sanitizer_small(head_dim, causal, lq, lk):
     q, k, v = _qkv(1, 4, 2, lq, lk, head_dim, torch.float16)
     _check_against_torch(q, k, v, causal)
+
+
+# ---- GPU: Hopper wgmma forward (sm_90 devices, sm_90a builds) ----------------------------------
+# On an sm_90 device the forward of head dims 64 and 128 runs attention_fwd_sm90_kernel; every
+# accuracy test above then checks it. These tests prove that kernel runs, then localize a layout
+# error: single-tile cases report O and LSE errors (LSE depends on S = Q K^T only) per warp row
+# block and per 64-column block, for inputs chosen to isolate S, P V and row placement.
+
+SM90_HEAD_DIMS = [64, 128]
+
+
+def _on_sm90():
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+needs_sm90 = pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 (Hopper) GPU")
+
+
+def _kernel_names(fn):
+    """Names of the CUDA kernels fn launches."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return {event.name for event in prof.events() if event.device_type == torch.autograd.DeviceType.CUDA}
+
+
+def _error_map(out, ref, row_block, col_block):
+    """Max abs error per (row block, column block) of the last two dims, as a nested list."""
+    err = (out.double() - ref).abs().amax(dim=tuple(range(out.dim() - 2)))
+    rows, cols = err.shape
+    return [
+        [f"{err[r:r + row_block, c:c + col_block].max().item():.1e}" for c in range(0, cols, col_block)]
+        for r in range(0, rows, row_block)
+    ]
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", SM90_HEAD_DIMS + [96])
+def test_sm90_forward_kernel_runs(dtype, head_dim):
+    assert "9.0a" in fusedops.build_info()["arch_list"], "the build must compile sm_90a for the Hopper kernel"
+    q, k, v = _qkv(1, 2, 2, 200, 300, head_dim, dtype)
+    names = _kernel_names(lambda: ops.attention_fwd(q, k, v, True, 0.1))
+    sm90 = any("attention_fwd_sm90_kernel" in name for name in names)
+    mma_sync = any("attention_fwd_kernel" in name for name in names)
+    if head_dim in SM90_HEAD_DIMS:
+        assert sm90 and not mma_sync, f"expected the wgmma kernel, ran {sorted(names)}"
+    else:
+        assert mma_sync and not sm90, f"expected the mma.sync kernel, ran {sorted(names)}"
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", SM90_HEAD_DIMS)
+@pytest.mark.parametrize("length", [64, 128])
+def test_sm90_single_tile_diagnostic(dtype, head_dim, length):
+    """One query tile, one or two key tiles, non-causal, three inputs:
+    random; q = 0 (S = 0, P uniform: O is the mean of V, so only the P V path and V's column
+    layout matter); one-hot (q_i = k_i = e_(i mod D), scale 10: P is (near) one-hot on matching
+    keys, so O picks rows of V and any row misplacement in S or in V shows)."""
+    q, k, v = _qkv(1, 2, 2, length, length, head_dim, dtype)
+    one_hot = torch.eye(head_dim, dtype=dtype, device="cuda")[torch.arange(length, device="cuda") % head_dim]
+    one_hot = one_hot.expand(1, 2, length, head_dim)
+    cases = {
+        "random": (q, k, v, head_dim**-0.5),
+        "q = 0 (P V only)": (torch.zeros_like(q), k, v, head_dim**-0.5),
+        "one-hot (row placement)": (one_hot, one_hot, v, 10.0),
+    }
+    report, failures = [], []
+    for name, (qc, kc, vc, scale) in cases.items():
+        out, lse = ops.attention_fwd(qc, kc, vc, False, scale)
+        ref_out, ref_lse = reference.attention_fwd(qc.double(), kc.double(), vc.double(), False, scale)
+        torch_out = F.scaled_dot_product_attention(qc, kc, vc, scale=scale)
+        budget = 2 * (torch_out.double() - ref_out).abs().max().item() + 1e-5
+        out_err = (out.double() - ref_out).abs().max().item()
+        lse_err = (lse.double() - ref_lse).abs().max().item()
+        report.append(f"[{name}] out err {out_err:.3e} (budget {budget:.3e}), lse err {lse_err:.3e}")
+        report.append(f"  out err per (16 rows, 64 cols): {_error_map(out, ref_out, 16, 64)}")
+        report.append(f"  lse err per 16 rows: {_error_map(lse.unsqueeze(-1), ref_lse.unsqueeze(-1), 16, 1)}")
+        if out_err > budget or lse_err > 1e-3:
+            failures.append(name)
+    assert not failures, f"failed: {failures}\n" + "\n".join(report)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("head_dim", SM90_HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("lq, lk", [(64, 64), (128, 128), (129, 129), (200, 700), (700, 200), (4224, 4224)])
+def test_sm90_no_worse_than_mma_sync_path(monkeypatch, head_dim, causal, lq, lk):
+    """The wgmma forward against the mma.sync forward (FUSEDOPS_ATTENTION_SM90=0), both vs float64."""
+    q, k, v = _qkv(2, 4, 2, lq, lk, head_dim, torch.bfloat16)
+    ref_out, ref_lse = reference.attention_fwd(q.double(), k.double(), v.double(), causal, 0.1)
+    out, lse = ops.attention_fwd(q, k, v, causal, 0.1)
+    monkeypatch.setenv("FUSEDOPS_ATTENTION_SM90", "0")
+    old_out, old_lse = ops.attention_fwd(q, k, v, causal, 0.1)
+    err, old_err = ((o.double() - ref_out).abs().max().item() for o in (out, old_out))
+    lse_err, old_lse_err = ((l.double() - ref_lse).abs().max().item() for l in (lse, old_lse))
+    assert err <= 1.5 * old_err + 1e-5, f"out: wgmma {err:.3e} vs mma.sync {old_err:.3e}"
+    assert lse_err <= 1.5 * old_lse_err + 1e-5, f"lse: wgmma {lse_err:.3e} vs mma.sync {old_lse_err:.3e}"

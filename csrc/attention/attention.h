@@ -58,6 +58,11 @@ struct AttentionBwdParams {
 bool attention_supported(DType dtype, int head_dim);
 
 cudaError_t launch_attention_fwd(const AttentionFwdParams& p, DType dtype, cudaStream_t stream);
+
+// Hopper forward on warpgroup MMA: only for sm_90 devices, and only in builds that compiled
+// sm_90a (the caller checks both); head_dim 64 or 128, Float16 or BFloat16.
+bool attention_fwd_sm90_supported(DType dtype, int head_dim);
+cudaError_t launch_attention_fwd_sm90(const AttentionFwdParams& p, DType dtype, cudaStream_t stream);
 cudaError_t launch_attention_bwd(const AttentionBwdParams& p, DType dtype, cudaStream_t stream);
 
 // Per head-dim instantiations (one .cu file each, so they compile in parallel).
@@ -65,6 +70,12 @@ template <int HeadDim>
 cudaError_t launch_attention_fwd_hdim(const AttentionFwdParams& p, DType dtype, cudaStream_t stream);
 template <int HeadDim>
 cudaError_t launch_attention_bwd_hdim(const AttentionBwdParams& p, DType dtype, cudaStream_t stream);
+template <int HeadDim>
+cudaError_t launch_attention_fwd_sm90_hdim(const AttentionFwdParams& p, DType dtype, cudaStream_t stream);
+template <>
+cudaError_t launch_attention_fwd_sm90_hdim<64>(const AttentionFwdParams& p, DType dtype, cudaStream_t stream);
+template <>
+cudaError_t launch_attention_fwd_sm90_hdim<128>(const AttentionFwdParams& p, DType dtype, cudaStream_t stream);
 template <>
 cudaError_t launch_attention_fwd_hdim<32>(const AttentionFwdParams& p, DType dtype, cudaStream_t stream);
 template <>

@@ -50,31 +50,35 @@ __device__ __forceinline__ const T* head_ptr(const void* base, const AttentionSt
   return static_cast<const T*>(base) + b * s.batch + h * s.head;
 }
 
-// Number of key tiles query rows [m0, m0 + rows) attend to.
+// Number of key tiles of `block_n` keys that query rows [m0, m0 + rows) attend to.
+template <int block_n = kBlockN>
 __device__ __forceinline__ int key_tiles(int m0, int rows, int len_k, bool causal) {
   const int keys = causal ? min(len_k, m0 + rows) : len_k;
-  return (keys + kBlockN - 1) / kBlockN;
+  return (keys + block_n - 1) / block_n;
 }
 
-// Whether key tile n0 needs per-element masking for query rows starting at m0.
+// Whether key tile n0 (of `block_n` keys) needs per-element masking for query rows starting at m0.
+template <int block_n = kBlockN>
 __device__ __forceinline__ bool tile_needs_mask(int m0, int n0, int len_k, bool causal) {
-  return n0 + kBlockN > len_k || (causal && n0 + kBlockN - 1 > m0);
+  return n0 + block_n > len_k || (causal && n0 + block_n - 1 > m0);
 }
 
 // Scores in log2 units: scale * log2(e) * (Q K^T). Applied before masking so any scale sign works.
-__device__ __forceinline__ void scale_scores(float (&acc)[kBlockN / 8][4], float scale_log2) {
+// acc is a 16-row tile of NB n8-blocks in C layout (also a warp's share of a wgmma accumulator).
+template <int NB>
+__device__ __forceinline__ void scale_scores(float (&acc)[NB][4], float scale_log2) {
 #pragma unroll
-  for (int nb = 0; nb < kBlockN / 8; ++nb)
+  for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[nb][e] *= scale_log2;
 }
 
 // Sets the scores of keys past len_k, and (causal) of keys after the query, to -inf. acc is a
-// 16 x kBlockN tile in C layout whose first row is query `row0` and first column key `n0`.
-__device__ __forceinline__ void mask_scores(float (&acc)[kBlockN / 8][4], int row0, int n0, int len_k, bool causal,
-                                            int lane) {
+// 16 x (8 * NB) tile in C layout whose first row is query `row0` and first column key `n0`.
+template <int NB>
+__device__ __forceinline__ void mask_scores(float (&acc)[NB][4], int row0, int n0, int len_k, bool causal, int lane) {
 #pragma unroll
-  for (int nb = 0; nb < kBlockN / 8; ++nb) {
+  for (int nb = 0; nb < NB; ++nb) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int row = row0 + lane / 4 + 8 * (e / 2);
@@ -95,6 +99,66 @@ __device__ __forceinline__ void load_kv_tile(T* k_smem, T* v_smem, const T* k, c
                                         tid);
   copy_tile_async<kBlockN, D, kThreads>(v_smem + buffer * kBlockN * pitch, pitch, v + n0 * v_seq, v_seq, len_k - n0,
                                         tid);
+}
+
+// Online-softmax step on a 16-row score tile s (C layout, log2 units, masked): updates this
+// thread's running max and partial sums of rows g and g + 8, rescales the output accumulator
+// o, and leaves exp2(s - max) in s.
+template <int NB, int ND>
+__device__ __forceinline__ void online_softmax_step(float (&s)[NB][4], float (&o)[ND][4], float (&row_max)[2],
+                                                    float (&row_sum)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float tile_max = row_max[r];
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) tile_max = fmaxf(tile_max, fmaxf(s[nb][2 * r], s[nb][2 * r + 1]));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+    // A row with every key masked so far keeps max -inf; subtract 0 then so exp2 gives 0, not NaN.
+    const float shift = tile_max == -INFINITY ? 0.f : tile_max;
+    const float rescale = exp2f(row_max[r] - shift);
+    row_max[r] = tile_max;
+    float sum = 0.f;
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+      for (int e = 2 * r; e < 2 * r + 2; ++e) {
+        s[nb][e] = exp2f(s[nb][e] - shift);
+        sum += s[nb][e];
+      }
+    }
+    row_sum[r] = row_sum[r] * rescale + sum;
+#pragma unroll
+    for (int nd = 0; nd < ND; ++nd) {
+      o[nd][2 * r] *= rescale;
+      o[nd][2 * r + 1] *= rescale;
+    }
+  }
+}
+
+// Normalizes a warp's 16 x D output accumulator (C layout, first row `row0` of head (b, h)) and
+// writes O and the LSE of its rows below len_q, once.
+template <typename T, int D>
+__device__ __forceinline__ void write_output(const AttentionFwdParams& p, int b, int h, int row0,
+                                             const float (&o_acc)[D / 8][4], const float (&row_max)[2],
+                                             const float (&row_sum)[2], int lane) {
+  T* out = static_cast<T*>(p.out) + b * p.out_stride.batch + h * p.out_stride.head;
+  float* lse = p.lse + (static_cast<int64_t>(b) * p.heads_q + h) * p.len_q;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = row_sum[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int row = row0 + lane / 4 + 8 * r;
+    if (row >= p.len_q) continue;
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    T* out_row = out + row * p.out_stride.seq + 2 * (lane % 4);
+#pragma unroll
+    for (int nd = 0; nd < D / 8; ++nd)
+      *reinterpret_cast<uint32_t*>(out_row + 8 * nd) = pack2<T>(o_acc[nd][2 * r] * inv, o_acc[nd][2 * r + 1] * inv);
+    // A row without any visible key gets lse = +inf, so that the backward's P = exp(s - lse) = 0.
+    if (lane % 4 == 0) lse[row] = sum > 0.f ? (row_max[r] + log2f(sum)) * kLn2 : INFINITY;
+  }
 }
 
 template <typename T, int D>
@@ -145,58 +209,14 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_kernel(const Attention
     scale_scores(s, scale_log2);
     if (tile_needs_mask(warp_row0, n0, p.len_k, p.causal)) mask_scores(s, warp_row0, n0, p.len_k, p.causal, lane);
 
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float tile_max = row_max[r];
-#pragma unroll
-      for (int nb = 0; nb < kBlockN / 8; ++nb)
-        tile_max = fmaxf(tile_max, fmaxf(s[nb][2 * r], s[nb][2 * r + 1]));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-      // A row with every key masked so far keeps max -inf; subtract 0 then so exp2 gives 0, not NaN.
-      const float shift = tile_max == -INFINITY ? 0.f : tile_max;
-      const float rescale = exp2f(row_max[r] - shift);
-      row_max[r] = tile_max;
-      float sum = 0.f;
-#pragma unroll
-      for (int nb = 0; nb < kBlockN / 8; ++nb) {
-#pragma unroll
-        for (int e = 2 * r; e < 2 * r + 2; ++e) {
-          s[nb][e] = exp2f(s[nb][e] - shift);
-          sum += s[nb][e];
-        }
-      }
-      row_sum[r] = row_sum[r] * rescale + sum;
-#pragma unroll
-      for (int nd = 0; nd < D / 8; ++nd) {
-        o_acc[nd][2 * r] *= rescale;
-        o_acc[nd][2 * r + 1] *= rescale;
-      }
-    }
+    online_softmax_step(s, o_acc, row_max, row_sum);
 
     uint32_t p_frag[kBlockN / 16][4];
     c_to_a_fragments<kBlockN, T>(p_frag, s);
     gemm_ab<D, kBlockN>(o_acc, p_frag, v_smem + buffer * kBlockN * pitch, pitch, lane);
   }
 
-  // Normalize and write O and LSE once.
-  T* out = static_cast<T*>(p.out) + b * p.out_stride.batch + h * p.out_stride.head;
-  float* lse = p.lse + (static_cast<int64_t>(b) * p.heads_q + h) * p.len_q;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float sum = row_sum[r];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const int row = warp_row0 + lane / 4 + 8 * r;
-    if (row >= p.len_q) continue;
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    T* out_row = out + row * p.out_stride.seq + 2 * (lane % 4);
-#pragma unroll
-    for (int nd = 0; nd < D / 8; ++nd)
-      *reinterpret_cast<uint32_t*>(out_row + 8 * nd) = pack2<T>(o_acc[nd][2 * r] * inv, o_acc[nd][2 * r + 1] * inv);
-    // A row without any visible key gets lse = +inf, so that the backward's P = exp(s - lse) = 0.
-    if (lane % 4 == 0) lse[row] = sum > 0.f ? (row_max[r] + log2f(sum)) * kLn2 : INFINITY;
-  }
+  write_output<T, D>(p, b, h, warp_row0, o_acc, row_max, row_sum, lane);
 }
 
 template <typename T, int D>

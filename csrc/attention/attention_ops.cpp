@@ -3,8 +3,11 @@
 // batch/head/seq strides (e.g. a [B, L, H, D] tensor transposed to [B, H, L, D]) as long as the
 // head_dim stride is 1 and rows are 16-byte aligned; any other tensor is copied once to a
 // contiguous one (documented in docs/attention.md).
+#include <ATen/cuda/CUDAContext.h>
 #include <torch/library.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 
 #include "../common/torch_utils.h"
@@ -23,6 +26,29 @@ bool kernel_layout(const at::Tensor& t) {
 
 at::Tensor in_kernel_layout(const at::Tensor& t) {
   return kernel_layout(t) ? t : t.clone(at::MemoryFormat::Contiguous);
+}
+
+#define FUSEDOPS_ATTENTION_STRINGIFY_(x) #x
+#define FUSEDOPS_ATTENTION_STRINGIFY(x) FUSEDOPS_ATTENTION_STRINGIFY_(x)
+
+// Whether the build compiled sm_90a (the arch list reaches C++ as one token, e.g. 8.0_9.0a): the
+// Hopper wgmma kernel exists only there; other builds hold a stub that traps.
+bool build_has_sm90a() {
+#ifdef FUSEDOPS_ARCH_LIST
+  return std::strstr(FUSEDOPS_ATTENTION_STRINGIFY(FUSEDOPS_ARCH_LIST), "9.0a") != nullptr;
+#else
+  return false;
+#endif
+}
+
+// The forward runs the Hopper wgmma kernel on sm_90 devices in sm_90a builds for the head dims it
+// has, unless FUSEDOPS_ATTENTION_SM90=0 (read per call, to compare the two paths); else mma.sync.
+bool use_sm90_forward(const at::Tensor& q, DType dtype) {
+  if (!build_has_sm90a() || !attention_fwd_sm90_supported(dtype, static_cast<int>(q.size(3)))) return false;
+  const char* knob = std::getenv("FUSEDOPS_ATTENTION_SM90");
+  if (knob != nullptr && std::strcmp(knob, "0") == 0) return false;
+  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(q.get_device());
+  return prop->major == 9 && prop->minor == 0;
 }
 
 // Output shaped like `ref`, in ref's memory layout when the kernels can write that layout (the
@@ -95,7 +121,9 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd_cuda(const at::Tensor& q, const
   p.v_stride = strides_of(vc);
   p.out_stride = strides_of(out);
   set_problem(p, q, k, causal, scale);
-  C10_CUDA_CHECK(launch_attention_fwd(p, dtype, c10::cuda::getCurrentCUDAStream()));
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  C10_CUDA_CHECK(use_sm90_forward(q, dtype) ? launch_attention_fwd_sm90(p, dtype, stream)
+                                            : launch_attention_fwd(p, dtype, stream));
   return {out, lse};
 }
 
