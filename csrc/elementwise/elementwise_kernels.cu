@@ -12,7 +12,10 @@ namespace fusedops {
 namespace {
 
 constexpr int kThreads = 128;  // beat 256 and 512 for the instruction-heavy bf16 ops
-constexpr int kUnroll = 4;
+
+// Vectors each thread loads before it computes: 2 measured best for every op but the 16-bit GELU
+// forward, which needs 4 to overlap its long instruction chains (bench/lessons, 2026-11-29).
+template <class Op> constexpr int kUnroll = 2;
 
 // NIN full-size inputs, NOUT outputs, NCOL column vectors broadcast along the last dim.
 template <typename T, int NIN, int NOUT, int NCOL>
@@ -62,6 +65,7 @@ __device__ __forceinline__ void apply_op(const Operands<T, NIN, NOUT, NCOL>& ops
 
 template <typename T, int VEC, typename Idx, int NIN, int NOUT, int NCOL, class Op>
 __global__ void __launch_bounds__(kThreads) elementwise_kernel(Operands<T, NIN, NOUT, NCOL> ops, Op op) {
+  constexpr int kUnroll = fusedops::kUnroll<Op>;
   const Idx n_vec = static_cast<Idx>(ops.numel / VEC);
   const Idx stride = static_cast<Idx>(gridDim.x) * kThreads * kUnroll;
   for (Idx base = static_cast<Idx>(blockIdx.x) * kThreads * kUnroll + threadIdx.x; base < n_vec; base += stride) {
@@ -95,7 +99,7 @@ __global__ void __launch_bounds__(kThreads) elementwise_kernel(Operands<T, NIN, 
 
 template <typename T, int VEC, typename Idx, int NIN, int NOUT, int NCOL, class Op>
 cudaError_t launch_with(const Operands<T, NIN, NOUT, NCOL>& ops, const Op& op, cudaStream_t stream) {
-  const int64_t per_block = int64_t(kThreads) * kUnroll;
+  const int64_t per_block = int64_t(kThreads) * kUnroll<Op>;
   const int64_t blocks = std::min<int64_t>((ops.numel / VEC + per_block - 1) / per_block, int64_t(1) << 30);
   elementwise_kernel<T, VEC, Idx><<<static_cast<unsigned>(std::max<int64_t>(blocks, 1)), kThreads, 0, stream>>>(
       ops, op);
@@ -221,6 +225,8 @@ template <typename T> struct BiasGeluFwdOp {
     for (int j = 0; j < VEC; ++j) out[0][j] = gelu<T>(in[0][j] + col[0][j], tanh_approx);
   }
 };
+
+template <typename T> constexpr int kUnroll<BiasGeluFwdOp<T>> = sizeof(T) == 2 ? 4 : 2;
 
 template <typename T> struct BiasGeluBwdOp {
   using A = acc_t<T>;
