@@ -270,7 +270,7 @@ def test_gpu_mixed_precision_fp32_weight(kind, dtype, n):
 
 @gpu
 @sanitizer
-@pytest.mark.parametrize("n", [7, 64, 1024, 1500, 8200])
+@pytest.mark.parametrize("n", [7, 64, 1024, 1500, 2049, 8200, 16392])
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
 def test_gpu_small_cases(kind, n):
     x = torch.randn(5, n, device="cuda", dtype=torch.bfloat16)
@@ -377,10 +377,11 @@ def test_gpu_offset_view_gradient():
 
 
 @gpu
-@pytest.mark.parametrize("n", [123, 512, 1024, 4096, 16384, 65536])
+@pytest.mark.parametrize("n", [123, 512, 1024, 4096, 16384, 32768, 65536])
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
 def test_gpu_backward_bitwise_deterministic(kind, n):
-    x = torch.randn(3000 if n < 65536 else 40, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    rows = 3000 if n <= 16384 else (500 if n <= 32768 else 40)
+    x = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w = torch.randn(n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     b = torch.randn(n, device="cuda", dtype=torch.bfloat16, requires_grad=True) if kind == "layer_norm" else None
     dy = torch.randn_like(x)
@@ -454,7 +455,8 @@ def test_gpu_add_variants(kind, dtype, n):
 #   forward:  staged (cp.async ring) with 1 / 2 / 4 chunks per thread up to 1024 / 2048 / 4096
 #             chunks, when at least two stages fit in shared memory; else the register kernel
 #             (add_* with 4 chunks per thread), beyond 4096 chunks the streaming kernel.
-#   backward: staged with 1 / 2 chunks per thread up to 1024 / 2048 chunks; beyond, streaming.
+#   backward: staged with 1 / 2 chunks per thread up to 1024 / 2048 chunks; up to 4096 chunks a
+#             row over a cluster of 2 blocks (sm_90); beyond, streaming.
 # Each N below sits on one side of one of those boundaries (bf16: vector path; N odd: scalar path).
 BOUNDARY_SIZES = [8192, 8200, 16384, 16392, 32768, 32776, 1024, 1025, 2047, 2049, 4095, 4097]
 
@@ -470,7 +472,7 @@ def test_gpu_path_boundaries(kind, n):
 
 @gpu
 @sanitizer
-@pytest.mark.parametrize("n", [7, 1024, 8200])
+@pytest.mark.parametrize("n", [7, 1024, 8200, 16392])
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
 def test_gpu_add_small_cases(kind, n):
     """The staged kernels with their third operand (residual / grad of residual_out)."""
@@ -489,7 +491,7 @@ def test_gpu_add_path_boundaries(kind, n):
 
 
 @gpu
-@pytest.mark.parametrize("rows, n", [(70001, 512), (70001, 64), (100003, 24), (4099, 4096)])
+@pytest.mark.parametrize("rows, n", [(70001, 512), (70001, 64), (100003, 24), (4099, 4096), (1001, 32768)])
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
 def test_gpu_rows_not_dividing_the_grid(kind, rows, n):
     """Row counts that leave the last tile of a block's row groups part empty, past 65535 rows,
@@ -514,10 +516,10 @@ def test_gpu_float64_staged(kind, n):
 
 
 @gpu
-@pytest.mark.parametrize("n", [512, 4096, 16384])
+@pytest.mark.parametrize("n", [512, 4096, 16384, 32768])
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
 def test_gpu_add_backward_bitwise_deterministic(kind, n):
-    x = torch.randn(2000, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    x = torch.randn(2000 if n <= 16384 else 500, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     r = torch.randn_like(x).requires_grad_(True)
     w = torch.randn(n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     b = torch.randn(n, device="cuda", dtype=torch.bfloat16, requires_grad=True) if kind == "layer_norm" else None

@@ -12,8 +12,10 @@
 #include <map>
 #include <mutex>
 #include <tuple>
-#include <utility>
 #include <type_traits>
+#include <utility>
+
+#include <cooperative_groups.h>
 
 #include "../common/async_copy.cuh"
 #include "../common/dispatch.cuh"
@@ -23,6 +25,8 @@
 
 namespace fusedops {
 namespace {
+
+namespace cg = cooperative_groups;
 
 constexpr int kMaxThreads = 1024;
 constexpr int kWarpRowsThreads = 128;  // one warp per row: 4 rows per block
@@ -426,22 +430,25 @@ __device__ __forceinline__ A* partial_at(void* buffer, const NormBwdParams& p, i
   return static_cast<A*>(buffer) + int64_t(blockIdx.x) * p.cols + col;
 }
 
-// Writes the block's column sums to partial row blockIdx.x. Row groups own the same columns:
-// their sums are added in group order in shared memory (`sums`, cols elements) first.
+// Writes the block's column sums to partial row `partial_row`. Row groups own the same columns:
+// their sums are added in group order in shared memory (`sums`, cols elements) first. A thread
+// owns the chunks (k * row_threads + row_lane) * VEC (row_threads = group_threads without clusters).
 template <int VEC, int VPT, typename A>
-__device__ __forceinline__ void write_block_partial(void* buffer, const NormBwdParams& p, int group_threads,
+__device__ __forceinline__ void write_block_partial(void* buffer, const NormBwdParams& p, int64_t partial_row,
+                                                    int group_threads, int row_lane, int row_threads,
                                                     const A (&column_sums)[VPT][VEC], A* sums) {
-  const int lane = threadIdx.x % group_threads, group = threadIdx.x / group_threads;
+  const int group = threadIdx.x / group_threads;
   const int groups = blockDim.x / group_threads;
+  A* const partial = static_cast<A*>(buffer) + partial_row * p.cols;
   if (groups == 1) {
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
-      const int64_t col = (int64_t(k) * group_threads + lane) * VEC;
+      const int64_t col = (int64_t(k) * row_threads + row_lane) * VEC;
       if (col >= p.cols) continue;
       AlignedVector<A, VEC> out;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) out.val[j] = column_sums[k][j];
-      store_vector<A, VEC>(partial_at<A, VEC>(buffer, p, col), out);
+      store_vector<A, VEC>(partial + col, out);
     }
     return;
   }
@@ -449,7 +456,7 @@ __device__ __forceinline__ void write_block_partial(void* buffer, const NormBwdP
     if (group == g) {
 #pragma unroll
       for (int k = 0; k < VPT; ++k) {
-        const int64_t col = (int64_t(k) * group_threads + lane) * VEC;
+        const int64_t col = (int64_t(k) * row_threads + row_lane) * VEC;
         if (col >= p.cols) continue;
 #pragma unroll
         for (int j = 0; j < VEC; ++j) sums[col + j] = (g == 0 ? A(0) : sums[col + j]) + column_sums[k][j];
@@ -457,9 +464,49 @@ __device__ __forceinline__ void write_block_partial(void* buffer, const NormBwdP
     }
     __syncthreads();
   }
-  A* partial = partial_at<A, 1>(buffer, p, 0);
   for (int64_t col = threadIdx.x; col < p.cols; col += blockDim.x) partial[col] = sums[col];
   __syncthreads();  // sums may be reused
+}
+
+// Cluster rows (CLUSTER > 1, sm_90): the CLUSTER blocks of a cluster share each row, block r
+// owning chunks (k * CLUSTER + r) * blockDim.x + threadIdx.x. Adds the blocks' row sums: each
+// block publishes its values in `slot` (its own shared memory), and after a cluster barrier every
+// block adds all blocks' values in rank order, so they agree bit for bit. Callers alternate
+// between two slots: a slot is rewritten only after the next barrier, once every block read it.
+template <int CLUSTER, int N, typename A>
+__device__ __forceinline__ void cluster_sum(A (&v)[N], A (&slot)[N]) {
+  if constexpr (CLUSTER > 1) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+    cg::cluster_group cluster = cg::this_cluster();
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (int n = 0; n < N; ++n) slot[n] = v[n];
+    }
+    cluster.sync();
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      v[n] = *cluster.map_shared_rank(&slot[n], 0);
+#pragma unroll
+      for (int r = 1; r < CLUSTER; ++r) v[n] += *cluster.map_shared_rank(&slot[n], r);
+    }
+#else
+    __trap();  // the host launches cluster rows only on sm_90 devices, which run sm_90 code
+#endif
+  }
+}
+
+template <int CLUSTER> __device__ __forceinline__ int cluster_rank() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+  if constexpr (CLUSTER > 1) return static_cast<int>(cg::this_cluster().block_rank());
+#endif
+  return 0;
+}
+
+// No block of a cluster may exit while another can still read its shared memory.
+template <int CLUSTER> __device__ __forceinline__ void cluster_exit_barrier() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+  if constexpr (CLUSTER > 1) cg::this_cluster().sync();
+#endif
 }
 
 // Backward for rows held by a row group of `group_threads` threads (VPT chunks of VEC elements
@@ -470,15 +517,21 @@ __device__ __forceinline__ void write_block_partial(void* buffer, const NormBwdP
 // statistics into a ring of `stages` shared-memory slots with cp.async, `stages - 1` rows ahead of
 // the one it computes, so each SM keeps tens of KB of loads in flight through the reductions. A
 // thread reads only the slots it filled itself: no barrier guards the ring.
-template <typename T, typename W, bool RMS, int VEC, int VPT>
+// With CLUSTER > 1 the row group is a whole block and a row is shared by a cluster (cluster_sum);
+// the clusters stride over the rows and cluster c writes partial row c.
+template <typename T, typename W, bool RMS, int VEC, int VPT, int CLUSTER>
 __global__ void __launch_bounds__(kMaxThreads) norm_bwd_kernel(const NormBwdParams p, const int group_threads,
                                                                const int stages) {
   using A = acc_t<T>;
   using Chunk = AlignedVector<T, VEC>;
+  constexpr int kSums = RMS ? 1 : 2;
   extern __shared__ __align__(16) unsigned char shared[];
-  __shared__ A scratch[2][RMS ? 1 : 2][32];
+  __shared__ A scratch[2][kSums][32];
+  __shared__ A cluster_slots[2][kSums];
   const int lane = threadIdx.x % group_threads, group = threadIdx.x / group_threads;
   const int groups = blockDim.x / group_threads;
+  const int row_lane = cluster_rank<CLUSTER>() * group_threads + lane, row_threads = CLUSTER * group_threads;
+  const int cluster_index = blockIdx.x / CLUSTER, clusters = gridDim.x / CLUSTER;
   const int operands = p.dresidual_out != nullptr ? 3 : 2;  // x, dy (, dresidual_out)
   Chunk* const ring = reinterpret_cast<Chunk*>(shared);
   float* const ring_stats = reinterpret_cast<float*>(ring + stages * operands * VPT * blockDim.x);
@@ -488,14 +541,15 @@ __global__ void __launch_bounds__(kMaxThreads) norm_bwd_kernel(const NormBwdPara
   auto stat_slot = [&](int stage, int which) { return ring_stats + (stage * 2 + which) * blockDim.x + threadIdx.x; };
 
   const int64_t tiles = (p.rows + groups - 1) / groups;
-  const int64_t block_tiles = blockIdx.x < tiles ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
-  auto row_of = [&](int64_t i) { return (blockIdx.x + i * gridDim.x) * groups + group; };
-  auto issue = [&](int64_t i, int stage) {
+  // Tiles of this block (or cluster): fewer than 2^31 even for 2^40 rows.
+  const int block_tiles = cluster_index < tiles ? static_cast<int>((tiles - 1 - cluster_index) / clusters + 1) : 0;
+  auto row_of = [&](int i) { return (cluster_index + int64_t(i) * clusters) * groups + group; };
+  auto issue = [&](int i, int stage) {
     const int64_t row = row_of(i);
     if (i < block_tiles && row < p.rows) {
 #pragma unroll
       for (int k = 0; k < VPT; ++k) {
-        const int64_t col = (int64_t(k) * group_threads + lane) * VEC;
+        const int64_t col = (int64_t(k) * row_threads + row_lane) * VEC;
         if (col >= p.cols) continue;
         copy_async_or_now(slot(stage, 0, k), reinterpret_cast<const Chunk*>(static_cast<const T*>(p.x) + row * p.x_row_stride + col));
         copy_async_or_now(slot(stage, 1, k), reinterpret_cast<const Chunk*>(static_cast<const T*>(p.dy) + row * p.dy_row_stride + col));
@@ -519,7 +573,7 @@ __global__ void __launch_bounds__(kMaxThreads) norm_bwd_kernel(const NormBwdPara
 
   for (int s = 0; s < stages - 1; ++s) issue(s, s);
   int stage = 0;
-  for (int64_t i = 0; i < block_tiles; ++i) {
+  for (int i = 0; i < block_tiles; ++i) {
     issue(i + stages - 1, stage == 0 ? stages - 1 : stage - 1);
     copy_async_wait(stages - 1);
     const int64_t row = row_of(i);
@@ -542,7 +596,7 @@ __global__ void __launch_bounds__(kMaxThreads) norm_bwd_kernel(const NormBwdPara
     A sum_g = 0, sum_gx = 0;
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
-      const int64_t col = (int64_t(k) * group_threads + lane) * VEC;
+      const int64_t col = (int64_t(k) * row_threads + row_lane) * VEC;
       if (!valid || col >= p.cols) continue;
       A xhat[VEC], g[VEC], dy[VEC];
       terms(k, col, xhat, g, dy);
@@ -554,15 +608,16 @@ __global__ void __launch_bounds__(kMaxThreads) norm_bwd_kernel(const NormBwdPara
         if constexpr (!RMS) dbias[k][j] += dy[j];
       }
     }
-    A row_sums[RMS ? 1 : 2] = {sum_gx};
+    A row_sums[kSums] = {sum_gx};
     if constexpr (!RMS) row_sums[1] = sum_g;
     group_sum(row_sums, group_threads, scratch[i & 1]);
+    cluster_sum<CLUSTER>(row_sums, cluster_slots[i & 1]);
     const A mean_gx = row_sums[0] * inv_cols;
-    const A mean_g = RMS ? A(0) : row_sums[RMS ? 0 : 1] * inv_cols;
+    const A mean_g = RMS ? A(0) : row_sums[kSums - 1] * inv_cols;
     if (valid) {
 #pragma unroll
       for (int k = 0; k < VPT; ++k) {
-        const int64_t col = (int64_t(k) * group_threads + lane) * VEC;
+        const int64_t col = (int64_t(k) * row_threads + row_lane) * VEC;
         if (col >= p.cols) continue;
         A xhat[VEC], g[VEC], dy[VEC];
         terms(k, col, xhat, g, dy);
@@ -585,8 +640,15 @@ __global__ void __launch_bounds__(kMaxThreads) norm_bwd_kernel(const NormBwdPara
   copy_async_wait(0);
   __syncthreads();  // the ring is free: it holds the column sums of the row groups now
   A* const column_sums = reinterpret_cast<A*>(shared);
-  if (p.weight_partial != nullptr) write_block_partial<VEC, VPT>(p.weight_partial, p, group_threads, dweight, column_sums);
-  if (!RMS && p.bias_partial != nullptr) write_block_partial<VEC, VPT>(p.bias_partial, p, group_threads, dbias, column_sums);
+  if (p.weight_partial != nullptr) {
+    write_block_partial<VEC, VPT>(p.weight_partial, p, cluster_index, group_threads, row_lane, row_threads, dweight,
+                                  column_sums);
+  }
+  if (!RMS && p.bias_partial != nullptr) {
+    write_block_partial<VEC, VPT>(p.bias_partial, p, cluster_index, group_threads, row_lane, row_threads, dbias,
+                                  column_sums);
+  }
+  cluster_exit_barrier<CLUSTER>();
 }
 
 // Adds v to the column sums at sums[col] (only this thread touches these elements).
@@ -723,7 +785,7 @@ struct DeviceLimits {
   int sms = 1;
   int shared_per_block = 48 * 1024;  // opt-in maximum for one block
   int shared_per_sm = 48 * 1024;
-  bool dependent_launch = false;  // programmatic dependent launch (sm_90+)
+  bool sm90 = false;  // thread-block clusters and programmatic dependent launch
 };
 
 DeviceLimits query_device_limits(int device) {
@@ -737,7 +799,7 @@ DeviceLimits query_device_limits(int device) {
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
     return DeviceLimits{};
   }
-  limits.dependent_launch = major >= 9;
+  limits.sm90 = major >= 9;
   return limits;
 }
 
@@ -897,11 +959,31 @@ cudaError_t launch_fwd(const NormFwdParams& p, cudaStream_t stream) {
 struct BwdPlan {
   StagedBwdKernel staged = nullptr;  // else `streaming`
   StagedPlan shape;                  // of `staged`
+  int cluster = 1;                   // blocks per row of `staged`
   BwdKernel streaming = nullptr;
   int threads = 0;
-  int64_t blocks = 0;
+  int64_t blocks = 0;  // the partial rows: blocks, or clusters of `staged`
   int shared_bytes = 0;
 };
+
+constexpr int kBwdCluster = 2;  // blocks per row of the cluster rows
+
+cudaLaunchConfig_t cluster_config(const StagedPlan& shape, int64_t clusters, int cluster, cudaStream_t stream,
+                                  cudaLaunchAttribute& attribute) {
+  attribute = {};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = cluster;
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(clusters * cluster));
+  config.blockDim = dim3(shape.threads);
+  config.dynamicSmemBytes = shape.shared_bytes;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return config;
+}
 
 // Persistent grid: as many blocks as fit on the device at once, at most one per row tile.
 template <typename T, typename W, bool RMS, int VEC>
@@ -914,7 +996,8 @@ BwdPlan plan_bwd_with(const NormBwdParams& p) {
     // Row groups hold VPT chunks of x, dy (, dresidual_out) and the row's two statistics per
     // stage; the block's column sums are added in shared memory when it has several row groups.
     const int vpt = chunks <= kMaxThreads ? 1 : 2;
-    const StagedBwdKernel kernel = vpt == 1 ? norm_bwd_kernel<T, W, RMS, VEC, 1> : norm_bwd_kernel<T, W, RMS, VEC, 2>;
+    const StagedBwdKernel kernel =
+        vpt == 1 ? norm_bwd_kernel<T, W, RMS, VEC, 1, 1> : norm_bwd_kernel<T, W, RMS, VEC, 2, 1>;
     const int operands = p.dresidual_out != nullptr ? 3 : 2;
     const int64_t per_thread = vpt * operands * VEC * int64_t(sizeof(T)) + 2 * int64_t(sizeof(float));
     if (plan_staged(reinterpret_cast<const void*>(kernel), p.rows, chunks, vpt, per_thread,
@@ -922,6 +1005,25 @@ BwdPlan plan_bwd_with(const NormBwdParams& p) {
       plan.staged = kernel;
       plan.blocks = plan.shape.blocks;
       return plan;
+    }
+  } else if (limits.sm90 && chunks <= 2 * int64_t(kMaxThreads) * kBwdCluster) {
+    // Cluster rows (sm_90): a row over kBwdCluster blocks, 2 chunks per thread.
+    const StagedBwdKernel kernel = norm_bwd_kernel<T, W, RMS, VEC, 2, kBwdCluster>;
+    const int operands = p.dresidual_out != nullptr ? 3 : 2;
+    const int64_t per_thread = 2 * operands * VEC * int64_t(sizeof(T)) + 2 * int64_t(sizeof(float));
+    const int64_t block_chunks = (chunks + kBwdCluster - 1) / kBwdCluster;
+    int clusters = 0;
+    cudaLaunchAttribute attribute;
+    if (plan_staged(reinterpret_cast<const void*>(kernel), p.rows, block_chunks, 2, per_thread, 0, limits,
+                    plan.shape)) {
+      const cudaLaunchConfig_t config = cluster_config(plan.shape, limits.sms / kBwdCluster, kBwdCluster, nullptr, attribute);
+      if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess && clusters > 0) {
+        plan.staged = kernel;
+        plan.cluster = kBwdCluster;
+        plan.blocks = std::min<int64_t>(p.rows, clusters);
+        return plan;
+      }
+      (void)cudaGetLastError();  // the query's error: fall back to the streaming kernel
     }
   }
   plan.threads = threads_for((p.cols + 2 * VEC - 1) / (2 * VEC));
@@ -964,7 +1066,7 @@ cudaError_t launch_column_sums(const NormBwdParams& p, int64_t blocks, cudaStrea
   cudaLaunchAttribute attribute = {};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
-  if (device_limits().dependent_launch) {
+  if (device_limits().sm90) {
     config.attrs = &attribute;
     config.numAttrs = 1;
   }
@@ -991,7 +1093,12 @@ cudaError_t launch_bwd(const NormBwdParams& p, cudaStream_t stream) {
   }
   const BwdPlan plan = plan_bwd<T, W, RMS>(p);
   const unsigned blocks = static_cast<unsigned>(plan.blocks);
-  if (plan.staged != nullptr) {
+  if (plan.cluster > 1) {
+    cudaLaunchAttribute attribute;
+    const cudaLaunchConfig_t config = cluster_config(plan.shape, plan.blocks, plan.cluster, stream, attribute);
+    const cudaError_t err = cudaLaunchKernelEx(&config, plan.staged, p, plan.shape.group_threads, plan.shape.stages);
+    if (err != cudaSuccess) return err;
+  } else if (plan.staged != nullptr) {
     plan.staged<<<blocks, plan.shape.threads, plan.shape.shared_bytes, stream>>>(p, plan.shape.group_threads,
                                                                                  plan.shape.stages);
   } else {
