@@ -453,8 +453,8 @@ def test_gpu_add_variants(kind, dtype, n):
 # Kernel selection (csrc/norm/norm_kernels.cu), by chunks = ceil(N / vector width) (8 for 16-bit
 # types when every operand is 16-byte aligned and N % 8 == 0, else 1 element):
 #   forward:  staged (cp.async ring) with 1 / 2 / 4 chunks per thread up to 1024 / 2048 / 4096
-#             chunks, when at least two stages fit in shared memory; else the register kernel
-#             (add_* with 4 chunks per thread), beyond 4096 chunks the streaming kernel.
+#             chunks, when at least two stages fit in shared memory; add_* with 4 chunks per
+#             thread: a row over a cluster of 2 blocks (sm_90); beyond 4096 chunks, streaming.
 #   backward: staged with 1 / 2 chunks per thread up to 1024 / 2048 chunks; up to 4096 chunks a
 #             row over a cluster of 2 blocks (sm_90); beyond, streaming.
 # Each N below sits on one side of one of those boundaries (bf16: vector path; N odd: scalar path).

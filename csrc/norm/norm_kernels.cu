@@ -1,12 +1,14 @@
 // LayerNorm and RMSNorm kernels.
 //
-// A "row group" of threads owns one row: a warp (several rows per block) for short rows, the
-// whole block for long ones. Thread `lane` of a group owns the VEC-element chunks starting at
-// (k * group_size + lane) * VEC for k < VPT, so each load instruction of a warp is coalesced and
-// a thread always owns the same columns (which keeps the backward's column sums in registers).
-// Rows that fit (VPT chunks per thread) stay in registers between the reduction and the
-// write; longer rows go to a streaming kernel that re-reads them (from L2) instead.
-// Statistics: mean first, then the sum of squared deviations from it (two passes in registers,
+// A "row group" of threads owns one row: one or more warps, several groups per block for short
+// rows, the whole block (or, on sm_90, a cluster of 2 blocks) for long ones. Thread `lane` of a
+// group owns the VEC-element chunks starting at (k * group_size + lane) * VEC for k < VPT, so each
+// load instruction of a warp is coalesced and a thread always owns the same columns (which keeps
+// the backward's column sums in registers). The staged kernels are persistent and software
+// pipelined: each thread copies its chunks of the coming rows into a shared-memory ring with
+// cp.async while it computes the current row. Rows too long for them go to streaming kernels
+// (one block per row) that re-read the row from L2.
+// Statistics: mean first, then the sum of squared deviations from it (two passes over the row,
 // accurate for rows with a large mean), all in fp32 (fp64 for fp64 input).
 #include <algorithm>
 #include <map>
@@ -29,8 +31,6 @@ namespace {
 namespace cg = cooperative_groups;
 
 constexpr int kMaxThreads = 1024;
-constexpr int kWarpRowsThreads = 128;  // one warp per row: 4 rows per block
-constexpr int kWarpRowsGroups = kWarpRowsThreads / 32;
 
 template <typename T> struct Tag { using type = T; };
 
@@ -50,47 +50,35 @@ cudaError_t dispatch_input_weight(DType x_dtype, DType w_dtype, F f) {
 __device__ __forceinline__ float inv_sqrt(float v) { return rsqrtf(v); }
 __device__ __forceinline__ double inv_sqrt(double v) { return rsqrt(v); }
 
-// The threads sharing one row: a warp, or the whole block.
-template <bool WARP_ROWS>
-struct RowGroup {
-  int lane = WARP_ROWS ? threadIdx.x % 32 : threadIdx.x;
-  int size = WARP_ROWS ? 32 : blockDim.x;
-  int index = WARP_ROWS ? threadIdx.x / 32 : 0;
-  int count = WARP_ROWS ? blockDim.x / 32 : 1;
-
-  // Sum over the group, returned to every thread. Every thread of the block must call it.
+// The streaming kernels' rows: one per block.
+struct BlockRow {
+  // Sum over the block, returned to every thread. Every thread of the block must call it.
   template <typename A>
   __device__ __forceinline__ A sum(A value, A* scratch) const {
-    if constexpr (WARP_ROWS) {
-      return warp_reduce(value, SumOp{});
-    } else {
-      return block_reduce(value, SumOp{}, A(0), scratch);
-    }
+    return block_reduce(value, SumOp{}, A(0), scratch);
   }
 
-  // Two sums with one pass through shared memory (block rows), returned to every thread.
+  // Two sums with one pass through shared memory, returned to every thread.
   template <typename A>
   __device__ __forceinline__ void sum_pair(A& a, A& b, A (&scratch)[2][32]) const {
     a = warp_reduce(a, SumOp{});
     b = warp_reduce(b, SumOp{});
-    if constexpr (!WARP_ROWS) {
-      const int warp_lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-      if (warp_lane == 0) {
-        scratch[0][warp] = a;
-        scratch[1][warp] = b;
-      }
-      __syncthreads();
-      const bool holds = warp_lane < static_cast<int>(blockDim.x / 32);
-      a = warp_reduce(holds ? scratch[0][warp_lane] : A(0), SumOp{});
-      b = warp_reduce(holds ? scratch[1][warp_lane] : A(0), SumOp{});
-      __syncthreads();  // scratch may be reused once every thread has read it
+    const int warp_lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    if (warp_lane == 0) {
+      scratch[0][warp] = a;
+      scratch[1][warp] = b;
     }
+    __syncthreads();
+    const bool holds = warp_lane < static_cast<int>(blockDim.x / 32);
+    a = warp_reduce(holds ? scratch[0][warp_lane] : A(0), SumOp{});
+    b = warp_reduce(holds ? scratch[1][warp_lane] : A(0), SumOp{});
+    __syncthreads();  // scratch may be reused once every thread has read it
   }
 };
 
 // mean(g) (LayerNorm only) and mean(g * xhat) over the row.
-template <bool RMS, bool WARP_ROWS, typename A>
-__device__ __forceinline__ void row_means(const RowGroup<WARP_ROWS>& group, A sum_g, A sum_gx, A inv_cols,
+template <bool RMS, typename A>
+__device__ __forceinline__ void row_means(const BlockRow& group, A sum_g, A sum_gx, A inv_cols,
                                           A (&scratch)[2][32], A& mean_g, A& mean_gx) {
   if constexpr (RMS) {
     sum_g = A(0);
@@ -166,59 +154,13 @@ __device__ __forceinline__ void store_stats(const NormFwdParams& p, int64_t row,
   p.rstd[row] = static_cast<float>(rstd);
 }
 
-// Forward, row held in registers: VPT chunks of VEC elements per thread.
-template <typename T, typename W, bool RMS, bool WARP_ROWS, int VEC, int VPT>
-__global__ void __launch_bounds__(kMaxThreads) norm_fwd_kernel(const NormFwdParams p) {
-  using A = acc_t<T>;
-  __shared__ A scratch[32];
-  const RowGroup<WARP_ROWS> group;
-  const A inv_cols = A(1) / A(p.cols);
-  // Every thread of the block runs the same iterations (row-group reductions need them all).
-  for (int64_t first = int64_t(blockIdx.x) * group.count; first < p.rows; first += int64_t(gridDim.x) * group.count) {
-    const int64_t row = first + group.index;
-    const bool valid = row < p.rows;
-    A v[VPT][VEC];
-    A sum = 0;
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      const int64_t col = (int64_t(k) * group.size + group.lane) * VEC;
-      if (valid && col < p.cols) {
-        load_input<T, VEC>(p, row, col, v[k]);
-      } else {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) v[k][j] = A(0);
-      }
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) sum += v[k][j];
-    }
-    const A mean = RMS ? A(0) : group.sum(sum, scratch) * inv_cols;
-    A squares = 0;
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      const int64_t col = (int64_t(k) * group.size + group.lane) * VEC;
-      if (col < p.cols) {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) squares += (v[k][j] - mean) * (v[k][j] - mean);
-      }
-    }
-    const A rstd = inv_sqrt(group.sum(squares, scratch) * inv_cols + A(p.eps));
-    if (!valid) continue;
-    if (group.lane == 0) store_stats(p, row, mean, rstd, RMS);
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      const int64_t col = (int64_t(k) * group.size + group.lane) * VEC;
-      if (col < p.cols) store_output<T, W, VEC>(p, row, col, v[k], mean, rstd);
-    }
-  }
-}
-
 // Forward for rows too long for registers: one block per row, the row read once from memory and
 // re-read (mostly from L2) for the variance and the output.
 template <typename T, typename W, bool RMS, int VEC>
 __global__ void __launch_bounds__(kMaxThreads) norm_fwd_streaming_kernel(const NormFwdParams p) {
   using A = acc_t<T>;
   __shared__ A scratch[32];
-  const RowGroup<false> group;
+  const BlockRow group;
   const A inv_cols = A(1) / A(p.cols);
   const int64_t step = int64_t(blockDim.x) * VEC;
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
@@ -252,6 +194,13 @@ __global__ void __launch_bounds__(kMaxThreads) norm_fwd_streaming_kernel(const N
   }
 }
 
+// The VEC elements at (row, col) of a row-strided operand.
+template <typename T, int VEC>
+__device__ __forceinline__ const AlignedVector<T, VEC>* chunk_at(const void* base, int64_t row, int64_t row_stride,
+                                                                  int64_t col) {
+  return reinterpret_cast<const AlignedVector<T, VEC>*>(static_cast<const T*>(base) + row * row_stride + col);
+}
+
 // Sums v over a row group of `group_threads` threads (a multiple of 32 dividing blockDim.x),
 // returned to every thread of the group: a warp shuffle, then (groups wider than a warp) one value
 // per warp through scratch, added in warp order. Every thread of the block must call it. No
@@ -275,39 +224,84 @@ __device__ __forceinline__ void group_sum(A (&v)[N], int group_threads, A (&scra
   for (int n = 0; n < N; ++n) v[n] = warp_reduce(holds ? scratch[n][first + lane] : A(0), SumOp{});
 }
 
+// Cluster rows (CLUSTER > 1, sm_90): the CLUSTER blocks of a cluster share each row, block r
+// owning chunks (k * CLUSTER + r) * blockDim.x + threadIdx.x. Adds the blocks' row sums: each
+// block publishes its values in `slot` (its own shared memory), and after a cluster barrier every
+// block adds all blocks' values in rank order, so they agree bit for bit. Callers alternate
+// between two slots: a slot is rewritten only after the next barrier, once every block read it.
+template <int CLUSTER, int N, typename A>
+__device__ __forceinline__ void cluster_sum(A (&v)[N], A (&slot)[N]) {
+  if constexpr (CLUSTER > 1) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+    cg::cluster_group cluster = cg::this_cluster();
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (int n = 0; n < N; ++n) slot[n] = v[n];
+    }
+    cluster.sync();
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      v[n] = *cluster.map_shared_rank(&slot[n], 0);
+#pragma unroll
+      for (int r = 1; r < CLUSTER; ++r) v[n] += *cluster.map_shared_rank(&slot[n], r);
+    }
+#else
+    __trap();  // the host launches cluster rows only on sm_90 devices, which run sm_90 code
+#endif
+  }
+}
+
+template <int CLUSTER> __device__ __forceinline__ int cluster_rank() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+  if constexpr (CLUSTER > 1) return static_cast<int>(cg::this_cluster().block_rank());
+#endif
+  return 0;
+}
+
+// No block of a cluster may exit while another can still read its shared memory.
+template <int CLUSTER> __device__ __forceinline__ void cluster_exit_barrier() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+  if constexpr (CLUSTER > 1) cg::this_cluster().sync();
+#endif
+}
+
 // Forward for rows held by a row group of `group_threads` threads (VPT chunks of VEC elements
 // each), blockDim.x / group_threads groups per block, each on its own row; blocks stride over the
 // tiles of `groups` consecutive rows (a persistent grid). Software pipeline as in the backward:
 // every thread copies the chunks it owns (x, residual) into a ring of `stages` shared-memory slots
 // with cp.async, `stages - 1` rows ahead of the row it normalizes, and reads only its own slots.
-template <typename T, typename W, bool RMS, int VEC, int VPT>
+// With CLUSTER > 1 the row group is a whole block and a row is shared by a cluster (cluster_sum).
+template <typename T, typename W, bool RMS, int VEC, int VPT, int CLUSTER>
 __global__ void __launch_bounds__(kMaxThreads) norm_fwd_staged_kernel(const NormFwdParams p, const int group_threads,
                                                                       const int stages) {
   using A = acc_t<T>;
   using Chunk = AlignedVector<T, VEC>;
   extern __shared__ __align__(16) unsigned char shared[];
   __shared__ A scratch[2][1][32];
+  __shared__ A cluster_slots[2][1];
   const int lane = threadIdx.x % group_threads, group = threadIdx.x / group_threads;
   const int groups = blockDim.x / group_threads;
+  const int row_lane = cluster_rank<CLUSTER>() * group_threads + lane, row_threads = CLUSTER * group_threads;
+  const int cluster_index = blockIdx.x / CLUSTER, clusters = gridDim.x / CLUSTER;
   const int operands = p.residual != nullptr ? 2 : 1;  // x (, residual)
   Chunk* const ring = reinterpret_cast<Chunk*>(shared);
   auto slot = [&](int stage, int operand, int k) {
     return ring + ((stage * operands + operand) * VPT + k) * blockDim.x + threadIdx.x;
   };
   const int64_t tiles = (p.rows + groups - 1) / groups;
-  const int64_t block_tiles = blockIdx.x < tiles ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
-  auto row_of = [&](int64_t i) { return (blockIdx.x + i * gridDim.x) * groups + group; };
-  auto issue = [&](int64_t i, int stage) {
+  // Tiles of this block (or cluster): fewer than 2^31 even for 2^40 rows.
+  const int block_tiles = cluster_index < tiles ? static_cast<int>((tiles - 1 - cluster_index) / clusters + 1) : 0;
+  auto row_of = [&](int i) { return (cluster_index + int64_t(i) * clusters) * groups + group; };
+  auto issue = [&](int i, int stage) {
     const int64_t row = row_of(i);
     if (i < block_tiles && row < p.rows) {
 #pragma unroll
       for (int k = 0; k < VPT; ++k) {
-        const int64_t col = (int64_t(k) * group_threads + lane) * VEC;
+        const int64_t col = (int64_t(k) * row_threads + row_lane) * VEC;
         if (col >= p.cols) continue;
-        copy_async_or_now(slot(stage, 0, k), reinterpret_cast<const Chunk*>(static_cast<const T*>(p.x) + row * p.x_row_stride + col));
+        copy_async_or_now(slot(stage, 0, k), chunk_at<T, VEC>(p.x, row, p.x_row_stride, col));
         if (operands == 2) {
-          copy_async_or_now(slot(stage, 1, k), reinterpret_cast<const Chunk*>(static_cast<const T*>(p.residual) +
-                                                                              row * p.residual_row_stride + col));
+          copy_async_or_now(slot(stage, 1, k), chunk_at<T, VEC>(p.residual, row, p.residual_row_stride, col));
         }
       }
     }
@@ -315,15 +309,17 @@ __global__ void __launch_bounds__(kMaxThreads) norm_fwd_staged_kernel(const Norm
   };
 
   const A inv_cols = A(1) / A(p.cols);
-  int reductions = 0;  // alternates the scratch buffers
+  int reductions = 0;  // alternates the scratch buffers and cluster slots
   auto row_sum = [&](A value) {
     A v[1] = {value};
-    group_sum(v, group_threads, scratch[reductions++ & 1]);
+    const int parity = reductions++ & 1;
+    group_sum(v, group_threads, scratch[parity]);
+    cluster_sum<CLUSTER>(v, cluster_slots[parity]);
     return v[0];
   };
   for (int s = 0; s < stages - 1; ++s) issue(s, s);
   int stage = 0;
-  for (int64_t i = 0; i < block_tiles; ++i) {
+  for (int i = 0; i < block_tiles; ++i) {
     issue(i + stages - 1, stage == 0 ? stages - 1 : stage - 1);
     copy_async_wait(stages - 1);
     const int64_t row = row_of(i);
@@ -345,7 +341,7 @@ __global__ void __launch_bounds__(kMaxThreads) norm_fwd_staged_kernel(const Norm
       A sum = 0;
 #pragma unroll
       for (int k = 0; k < VPT; ++k) {
-        const int64_t col = (int64_t(k) * group_threads + lane) * VEC;
+        const int64_t col = (int64_t(k) * row_threads + row_lane) * VEC;
         if (!valid || col >= p.cols) continue;
         A v[VEC];
         values(k, v);
@@ -357,7 +353,7 @@ __global__ void __launch_bounds__(kMaxThreads) norm_fwd_staged_kernel(const Norm
     A squares = 0;
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
-      const int64_t col = (int64_t(k) * group_threads + lane) * VEC;
+      const int64_t col = (int64_t(k) * row_threads + row_lane) * VEC;
       if (!valid || col >= p.cols) continue;
       A v[VEC];
       values(k, v);
@@ -366,10 +362,10 @@ __global__ void __launch_bounds__(kMaxThreads) norm_fwd_staged_kernel(const Norm
     }
     const A rstd = inv_sqrt(row_sum(squares) * inv_cols + A(p.eps));
     if (valid) {
-      if (lane == 0) store_stats(p, row, mean, rstd, RMS);
+      if (row_lane == 0) store_stats(p, row, mean, rstd, RMS);
 #pragma unroll
       for (int k = 0; k < VPT; ++k) {
-        const int64_t col = (int64_t(k) * group_threads + lane) * VEC;
+        const int64_t col = (int64_t(k) * row_threads + row_lane) * VEC;
         if (col >= p.cols) continue;
         A v[VEC];
         values(k, v);
@@ -384,6 +380,7 @@ __global__ void __launch_bounds__(kMaxThreads) norm_fwd_staged_kernel(const Norm
     }
     stage = stage + 1 == stages ? 0 : stage + 1;
   }
+  cluster_exit_barrier<CLUSTER>();
 }
 
 // ---- backward ----------------------------------------------------------------------------------
@@ -468,47 +465,6 @@ __device__ __forceinline__ void write_block_partial(void* buffer, const NormBwdP
   __syncthreads();  // sums may be reused
 }
 
-// Cluster rows (CLUSTER > 1, sm_90): the CLUSTER blocks of a cluster share each row, block r
-// owning chunks (k * CLUSTER + r) * blockDim.x + threadIdx.x. Adds the blocks' row sums: each
-// block publishes its values in `slot` (its own shared memory), and after a cluster barrier every
-// block adds all blocks' values in rank order, so they agree bit for bit. Callers alternate
-// between two slots: a slot is rewritten only after the next barrier, once every block read it.
-template <int CLUSTER, int N, typename A>
-__device__ __forceinline__ void cluster_sum(A (&v)[N], A (&slot)[N]) {
-  if constexpr (CLUSTER > 1) {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-    cg::cluster_group cluster = cg::this_cluster();
-    if (threadIdx.x == 0) {
-#pragma unroll
-      for (int n = 0; n < N; ++n) slot[n] = v[n];
-    }
-    cluster.sync();
-#pragma unroll
-    for (int n = 0; n < N; ++n) {
-      v[n] = *cluster.map_shared_rank(&slot[n], 0);
-#pragma unroll
-      for (int r = 1; r < CLUSTER; ++r) v[n] += *cluster.map_shared_rank(&slot[n], r);
-    }
-#else
-    __trap();  // the host launches cluster rows only on sm_90 devices, which run sm_90 code
-#endif
-  }
-}
-
-template <int CLUSTER> __device__ __forceinline__ int cluster_rank() {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-  if constexpr (CLUSTER > 1) return static_cast<int>(cg::this_cluster().block_rank());
-#endif
-  return 0;
-}
-
-// No block of a cluster may exit while another can still read its shared memory.
-template <int CLUSTER> __device__ __forceinline__ void cluster_exit_barrier() {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-  if constexpr (CLUSTER > 1) cg::this_cluster().sync();
-#endif
-}
-
 // Backward for rows held by a row group of `group_threads` threads (VPT chunks of VEC elements
 // each); blockDim.x / group_threads groups per block, each on its own row. Blocks stride over
 // the tiles of `groups` consecutive rows (a persistent grid) and keep their column sums in
@@ -551,11 +507,10 @@ __global__ void __launch_bounds__(kMaxThreads) norm_bwd_kernel(const NormBwdPara
       for (int k = 0; k < VPT; ++k) {
         const int64_t col = (int64_t(k) * row_threads + row_lane) * VEC;
         if (col >= p.cols) continue;
-        copy_async_or_now(slot(stage, 0, k), reinterpret_cast<const Chunk*>(static_cast<const T*>(p.x) + row * p.x_row_stride + col));
-        copy_async_or_now(slot(stage, 1, k), reinterpret_cast<const Chunk*>(static_cast<const T*>(p.dy) + row * p.dy_row_stride + col));
+        copy_async_or_now(slot(stage, 0, k), chunk_at<T, VEC>(p.x, row, p.x_row_stride, col));
+        copy_async_or_now(slot(stage, 1, k), chunk_at<T, VEC>(p.dy, row, p.dy_row_stride, col));
         if (operands == 3) {
-          copy_async_or_now(slot(stage, 2, k), reinterpret_cast<const Chunk*>(static_cast<const T*>(p.dresidual_out) +
-                                                                              row * p.dresidual_out_row_stride + col));
+          copy_async_or_now(slot(stage, 2, k), chunk_at<T, VEC>(p.dresidual_out, row, p.dresidual_out_row_stride, col));
         }
       }
       if (!RMS) copy_async<4>(stat_slot(stage, 0), p.mean + row);
@@ -670,7 +625,7 @@ __global__ void __launch_bounds__(kMaxThreads) norm_bwd_streaming_kernel(const N
   using A = acc_t<T>;
   extern __shared__ __align__(16) unsigned char shared_sums[];
   __shared__ A scratch[2][32];
-  const RowGroup<false> group;
+  const BlockRow group;
   const A inv_cols = A(1) / A(p.cols);
   const int64_t step = int64_t(blockDim.x) * VEC;
   A* weight_partial = p.weight_partial != nullptr ? partial_at<A, VEC>(p.weight_partial, p, 0) : nullptr;
@@ -766,7 +721,6 @@ int threads_for(int64_t chunks) {
   return static_cast<int>(std::min<int64_t>(kMaxThreads, std::max<int64_t>(32, (chunks + 31) / 32 * 32)));
 }
 
-using FwdKernel = void (*)(NormFwdParams);
 using BwdKernel = void (*)(NormBwdParams);
 using StagedFwdKernel = void (*)(NormFwdParams, int, int);
 using StagedBwdKernel = void (*)(NormBwdParams, int, int);
@@ -904,43 +858,77 @@ bool plan_staged(const void* kernel, int64_t rows, int64_t chunks, int vpt, int6
   return true;
 }
 
+constexpr int kClusterBlocks = 2;  // blocks per row of the cluster rows (sm_90)
+
+cudaLaunchConfig_t cluster_config(const StagedPlan& shape, int64_t clusters, int cluster, cudaStream_t stream,
+                                  cudaLaunchAttribute& attribute) {
+  attribute = {};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = cluster;
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(clusters * cluster));
+  config.blockDim = dim3(shape.threads);
+  config.dynamicSmemBytes = shape.shared_bytes;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return config;
+}
+
+// Clusters of `kernel` with `shape` that the device runs at once; 0 where it cannot run one.
+int max_active_clusters(const void* kernel, const StagedPlan& shape, const DeviceLimits& limits) {
+  cudaLaunchAttribute attribute;
+  const cudaLaunchConfig_t config =
+      cluster_config(shape, limits.sms / kClusterBlocks, kClusterBlocks, nullptr, attribute);
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
+    (void)cudaGetLastError();  // the caller falls back to another kernel
+    return 0;
+  }
+  return clusters;
+}
+
 template <typename T, typename W, bool RMS, int VEC>
 cudaError_t launch_fwd_with(const NormFwdParams& p, cudaStream_t stream) {
   const int64_t chunks = (p.cols + VEC - 1) / VEC;
   if (chunks <= 4 * int64_t(kMaxThreads)) {
     // Row groups hold VPT chunks of x (, residual) per stage.
     const int vpt = chunks <= kMaxThreads ? 1 : chunks <= 2 * kMaxThreads ? 2 : 4;
-    const StagedFwdKernel kernel = vpt == 1   ? norm_fwd_staged_kernel<T, W, RMS, VEC, 1>
-                                   : vpt == 2 ? norm_fwd_staged_kernel<T, W, RMS, VEC, 2>
-                                              : norm_fwd_staged_kernel<T, W, RMS, VEC, 4>;
+    const StagedFwdKernel kernel = vpt == 1   ? norm_fwd_staged_kernel<T, W, RMS, VEC, 1, 1>
+                                   : vpt == 2 ? norm_fwd_staged_kernel<T, W, RMS, VEC, 2, 1>
+                                              : norm_fwd_staged_kernel<T, W, RMS, VEC, 4, 1>;
     const int operands = p.residual != nullptr ? 2 : 1;
+    const DeviceLimits limits = device_limits();
     StagedPlan plan;
     if (plan_staged(reinterpret_cast<const void*>(kernel), p.rows, chunks, vpt,
-                    vpt * operands * VEC * int64_t(sizeof(T)), 0, device_limits(), plan)) {
+                    vpt * operands * VEC * int64_t(sizeof(T)), 0, limits, plan)) {
       kernel<<<static_cast<unsigned>(plan.blocks), plan.threads, plan.shared_bytes, stream>>>(p, plan.group_threads,
                                                                                              plan.stages);
       return cudaGetLastError();
     }
+    if (vpt == 4 && limits.sm90) {
+      // Cluster rows (the add_* variants' top size class): a row over kClusterBlocks blocks with
+      // 2 chunks per thread, so that two stages of both operands fit.
+      const StagedFwdKernel cluster_kernel = norm_fwd_staged_kernel<T, W, RMS, VEC, 2, kClusterBlocks>;
+      const int64_t block_chunks = (chunks + kClusterBlocks - 1) / kClusterBlocks;
+      if (plan_staged(reinterpret_cast<const void*>(cluster_kernel), p.rows, block_chunks, 2,
+                      2 * operands * VEC * int64_t(sizeof(T)), 0, limits, plan)) {
+        const int clusters = max_active_clusters(reinterpret_cast<const void*>(cluster_kernel), plan, limits);
+        if (clusters > 0) {
+          cudaLaunchAttribute attribute;
+          const cudaLaunchConfig_t config =
+              cluster_config(plan, std::min<int64_t>(p.rows, clusters), kClusterBlocks, stream, attribute);
+          return cudaLaunchKernelEx(&config, cluster_kernel, p, plan.group_threads, plan.stages);
+        }
+      }
+    }
   }
-  // Rows whose stages do not fit in shared memory: registers only, or the streaming kernel.
-  FwdKernel kernel;
-  int threads, groups = 1;
-  if (p.cols <= 32 * VEC) {
-    kernel = norm_fwd_kernel<T, W, RMS, true, VEC, 1>;
-    threads = kWarpRowsThreads, groups = kWarpRowsGroups;
-  } else if (p.cols <= 128 * VEC) {
-    kernel = norm_fwd_kernel<T, W, RMS, true, VEC, 4>;
-    threads = kWarpRowsThreads, groups = kWarpRowsGroups;
-  } else if (p.cols <= int64_t(kMaxThreads) * 4 * VEC) {
-    kernel = norm_fwd_kernel<T, W, RMS, false, VEC, 4>;
-    threads = threads_for((p.cols + 4 * VEC - 1) / (4 * VEC));
-  } else {
-    kernel = norm_fwd_streaming_kernel<T, W, RMS, VEC>;
-    threads = kMaxThreads;
-  }
-  // Rows past the grid are taken by the kernels' grid-stride loops.
-  const int64_t blocks = std::min<int64_t>((p.rows + groups - 1) / groups, int64_t(1) << 30);
-  kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(p);
+  // Rows whose stages do not fit in shared memory (and no cluster of blocks shares them): one
+  // block per row, re-read from L2.
+  const int64_t blocks = std::min<int64_t>(p.rows, int64_t(1) << 30);  // a grid-stride loop takes the rest
+  norm_fwd_streaming_kernel<T, W, RMS, VEC><<<static_cast<unsigned>(blocks), kMaxThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -966,25 +954,6 @@ struct BwdPlan {
   int shared_bytes = 0;
 };
 
-constexpr int kBwdCluster = 2;  // blocks per row of the cluster rows
-
-cudaLaunchConfig_t cluster_config(const StagedPlan& shape, int64_t clusters, int cluster, cudaStream_t stream,
-                                  cudaLaunchAttribute& attribute) {
-  attribute = {};
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = cluster;
-  attribute.val.clusterDim.y = 1;
-  attribute.val.clusterDim.z = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(clusters * cluster));
-  config.blockDim = dim3(shape.threads);
-  config.dynamicSmemBytes = shape.shared_bytes;
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  return config;
-}
-
 // Persistent grid: as many blocks as fit on the device at once, at most one per row tile.
 template <typename T, typename W, bool RMS, int VEC>
 BwdPlan plan_bwd_with(const NormBwdParams& p) {
@@ -992,38 +961,35 @@ BwdPlan plan_bwd_with(const NormBwdParams& p) {
   const DeviceLimits limits = device_limits();
   BwdPlan plan;
   const int64_t chunks = (p.cols + VEC - 1) / VEC;
+  // A thread's share of a stage: VPT chunks of x, dy (, dresidual_out) and the row's statistics.
+  const int operands = p.dresidual_out != nullptr ? 3 : 2;
+  auto stage_bytes_per_thread = [&](int vpt) {
+    return vpt * operands * VEC * int64_t(sizeof(T)) + 2 * int64_t(sizeof(float));
+  };
   if (chunks <= 2 * int64_t(kMaxThreads)) {
-    // Row groups hold VPT chunks of x, dy (, dresidual_out) and the row's two statistics per
-    // stage; the block's column sums are added in shared memory when it has several row groups.
+    // The block's column sums are added in shared memory when it has several row groups.
     const int vpt = chunks <= kMaxThreads ? 1 : 2;
     const StagedBwdKernel kernel =
         vpt == 1 ? norm_bwd_kernel<T, W, RMS, VEC, 1, 1> : norm_bwd_kernel<T, W, RMS, VEC, 2, 1>;
-    const int operands = p.dresidual_out != nullptr ? 3 : 2;
-    const int64_t per_thread = vpt * operands * VEC * int64_t(sizeof(T)) + 2 * int64_t(sizeof(float));
-    if (plan_staged(reinterpret_cast<const void*>(kernel), p.rows, chunks, vpt, per_thread,
+    if (plan_staged(reinterpret_cast<const void*>(kernel), p.rows, chunks, vpt, stage_bytes_per_thread(vpt),
                     p.cols * int64_t(sizeof(A)), limits, plan.shape)) {
       plan.staged = kernel;
       plan.blocks = plan.shape.blocks;
       return plan;
     }
-  } else if (limits.sm90 && chunks <= 2 * int64_t(kMaxThreads) * kBwdCluster) {
-    // Cluster rows (sm_90): a row over kBwdCluster blocks, 2 chunks per thread.
-    const StagedBwdKernel kernel = norm_bwd_kernel<T, W, RMS, VEC, 2, kBwdCluster>;
-    const int operands = p.dresidual_out != nullptr ? 3 : 2;
-    const int64_t per_thread = 2 * operands * VEC * int64_t(sizeof(T)) + 2 * int64_t(sizeof(float));
-    const int64_t block_chunks = (chunks + kBwdCluster - 1) / kBwdCluster;
-    int clusters = 0;
-    cudaLaunchAttribute attribute;
-    if (plan_staged(reinterpret_cast<const void*>(kernel), p.rows, block_chunks, 2, per_thread, 0, limits,
-                    plan.shape)) {
-      const cudaLaunchConfig_t config = cluster_config(plan.shape, limits.sms / kBwdCluster, kBwdCluster, nullptr, attribute);
-      if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess && clusters > 0) {
+  } else if (limits.sm90 && chunks <= 2 * int64_t(kMaxThreads) * kClusterBlocks) {
+    // Cluster rows (sm_90): a row over kClusterBlocks blocks, 2 chunks per thread.
+    const StagedBwdKernel kernel = norm_bwd_kernel<T, W, RMS, VEC, 2, kClusterBlocks>;
+    const int64_t block_chunks = (chunks + kClusterBlocks - 1) / kClusterBlocks;
+    if (plan_staged(reinterpret_cast<const void*>(kernel), p.rows, block_chunks, 2, stage_bytes_per_thread(2), 0,
+                    limits, plan.shape)) {
+      const int clusters = max_active_clusters(reinterpret_cast<const void*>(kernel), plan.shape, limits);
+      if (clusters > 0) {
         plan.staged = kernel;
-        plan.cluster = kBwdCluster;
+        plan.cluster = kClusterBlocks;
         plan.blocks = std::min<int64_t>(p.rows, clusters);
         return plan;
       }
-      (void)cudaGetLastError();  // the query's error: fall back to the streaming kernel
     }
   }
   plan.threads = threads_for((p.cols + 2 * VEC - 1) / (2 * VEC));
@@ -1059,8 +1025,8 @@ cudaError_t launch_column_sums(const NormBwdParams& p, int64_t blocks, cudaStrea
   constexpr int kVec = kVec16<A>;
   const bool vectorized = p.cols % kVec == 0;  // partial rows start 16-byte aligned
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>((p.cols + 32 * (vectorized ? kVec : 1) - 1) / (32 * (vectorized ? kVec : 1))),
-                        p.dbias != nullptr ? 2 : 1);
+  const int64_t block_cols = 32 * (vectorized ? kVec : 1);
+  config.gridDim = dim3(static_cast<unsigned>((p.cols + block_cols - 1) / block_cols), p.dbias != nullptr ? 2 : 1);
   config.blockDim = dim3(32, 32);
   config.stream = stream;
   cudaLaunchAttribute attribute = {};
