@@ -778,6 +778,7 @@ constexpr int kStaticSharedReserve = 1024;  // static shared memory + the per-bl
 struct LaunchCache {
   std::mutex mutex;
   std::map<std::tuple<int, const void*, int, int>, int> blocks_per_sm;
+  std::map<std::tuple<int, const void*, int, int>, int> active_clusters;
   std::map<std::pair<int, const void*>, int> shared_granted;
 };
 
@@ -877,17 +878,25 @@ cudaLaunchConfig_t cluster_config(const StagedPlan& shape, int64_t clusters, int
   return config;
 }
 
-// Clusters of `kernel` with `shape` that the device runs at once; 0 where it cannot run one.
+// Clusters of `kernel` with `shape` that the device runs at once (cached like blocks_per_sm); 0
+// where it cannot run one.
 int max_active_clusters(const void* kernel, const StagedPlan& shape, const DeviceLimits& limits) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  LaunchCache& cache = launch_cache();
+  const std::lock_guard<std::mutex> lock(cache.mutex);
+  const auto key = std::make_tuple(device, kernel, shape.threads, shape.shared_bytes);
+  const auto found = cache.active_clusters.find(key);
+  if (found != cache.active_clusters.end()) return found->second;
   cudaLaunchAttribute attribute;
   const cudaLaunchConfig_t config =
       cluster_config(shape, limits.sms / kClusterBlocks, kClusterBlocks, nullptr, attribute);
   int clusters = 0;
   if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
     (void)cudaGetLastError();  // the caller falls back to another kernel
-    return 0;
+    clusters = 0;
   }
-  return clusters;
+  return cache.active_clusters[key] = clusters;
 }
 
 template <typename T, typename W, bool RMS, int VEC>
