@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_bwd_dkdv_sm90_kernel(co
   const uint32_t q_smem = v_smem + kv_bytes;      // 2 buffers
   const uint32_t do_smem = q_smem + 2 * q_bytes;  // 2 buffers
   float* lse_smem = reinterpret_cast<float*>(smem_raw + (do_smem + 2 * q_bytes - smem_address(smem_raw)));
-  float* delta_smem = lse_smem + 2 * kQ;  // lse_smem: 2 buffers, log2 units; delta_smem: 2 buffers
+  float* delta_smem = lse_smem + 2 * kQ;  // 2 buffers each
 
   const int tid = threadIdx.x, lane = tid % 32, warpgroup = tid / 128, warp = (tid / 32) % 4;
   const int n_tiles = (p.len_k + kBwdKeys - 1) / kBwdKeys;
@@ -108,11 +108,16 @@ __global__ void __launch_bounds__(kThreads, 1) attention_bwd_dkdv_sm90_kernel(co
                                         p.len_q - m0, tid);
     copy_tile_swizzled<kQ, D, kThreads>(do_smem + buffer * q_bytes, dout + m0 * p.dout_stride.seq,
                                         p.dout_stride.seq, p.len_q - m0, tid);
-    // Rows past len_q get lse = +inf, so their P is exactly 0 (their Q and dO are zero-filled).
-    for (int r = tid; r < kQ; r += kThreads) {
+    // lse and delta by cp.async too, so no thread waits on a global load here. Rows past len_q are
+    // zero-filled like their Q and dO rows: their P^T column is exp2(0) = 1 but their dO row and
+    // dS^T column (dP^T = V 0 = 0, delta = 0) are 0, so they add nothing to dV or dK.
+    static_assert(2 * kQ <= kThreads, "one thread per lse or delta value");
+    if (tid < 2 * kQ) {
+      const int r = tid % kQ;
       const bool valid = m0 + r < p.len_q;
-      lse_smem[buffer * kQ + r] = valid ? lse[m0 + r] * kLog2e : INFINITY;
-      delta_smem[buffer * kQ + r] = valid ? delta[m0 + r] : 0.f;
+      const float* src = tid < kQ ? lse : delta;
+      float* dst = tid < kQ ? lse_smem : delta_smem;
+      cp_async_4(dst + buffer * kQ + r, src + (valid ? m0 + r : 0), valid);
     }
   };
 
@@ -158,7 +163,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_bwd_dkdv_sm90_kernel(co
       for (int e = 0; e < 4; ++e) {
         const int col = 8 * nb + 2 * (lane % 4) + e % 2;
         const int key = warp_key0 + lane / 4 + 8 * (e / 2);
-        const float prob = exp2f(fmaf(pt[nb][e], scale_log2, -lse_tile[col]));
+        const float prob = exp2f(fmaf(pt[nb][e], scale_log2, -lse_tile[col] * kLog2e));
         pt[nb][e] = mask && m0 + col < key ? 0.f : prob;
       }
     }
