@@ -3,11 +3,11 @@
 // kernel it reuses:
 //   1. delta = rowsum(dO * O);
 //   2. dK/dV: one block of two warpgroups per 128-key tile, 64 keys per warpgroup; K and V stay in
-//      shared memory, 64-row Q and dO tiles stream through double-buffered shared memory. Per
-//      query tile a warpgroup computes S^T = K Q^T and dP^T = V dO^T (both operands in shared
-//      memory, K-major), P^T = exp(scale S^T - lse), dS^T = P^T (dP^T - delta) on its accumulator
-//      fragments, and dV += P^T dO, dK += dS^T Q with P^T / dS^T as register A operands and
-//      dO / Q as MN-major shared-memory B operands;
+//      shared memory, Q and dO tiles (128 rows at head_dim 64, 64 at 128) stream through
+//      double-buffered shared memory. Per query tile a warpgroup computes S^T = K Q^T and
+//      dP^T = V dO^T (both operands in shared memory, K-major), P^T = exp(scale S^T - lse),
+//      dS^T = P^T (dP^T - delta) on its accumulator fragments, and dV += P^T dO, dK += dS^T Q
+//      with P^T / dS^T as register A operands and dO / Q as MN-major shared-memory B operands;
 //   3. dQ: one block per 128-row query tile (64 rows per warpgroup), Q and dO resident, K and V
 //      streamed in the forward's key tiles (128 keys at head_dim 128, 64 at 64):
 //      S = Q K^T, dP = dO V^T, dS = P (dP - delta), dQ += dS K.
@@ -29,7 +29,13 @@ namespace attention {
 namespace sm90 {
 
 constexpr int kBwdKeys = 64 * kWarpgroups;  // key rows per dK/dV block
-constexpr int kBwdBlockQ = 64;              // query rows per streamed Q/dO tile of the dK/dV kernel
+// Query rows per streamed Q/dO tile of the dK/dV kernel: 128 at head_dim 64 (S^T and dP^T as
+// n128 wgmmas: fewer shared-memory operand bytes per FLOP and half the barriers; 254 registers a
+// thread), 64 at head_dim 128, where the dK and dV accumulators take 128 registers a thread (255).
+template <int D>
+constexpr int dkdv_block_q() {
+  return D == 64 ? 128 : 64;
+}
 // The dQ kernel streams K/V in the forward's tiles, block_n<D>() keys, and fits as many blocks per
 // SM, blocks_per_sm<D>(): head_dim 128 holds S, dP (128 keys) and dQ in 241 registers a thread,
 // head_dim 64 S, dP (64 keys) and dQ in 128, so two blocks fit an SM.
@@ -37,7 +43,8 @@ constexpr int kBwdBlockQ = 64;              // query rows per streamed Q/dO tile
 template <typename T, int D>
 constexpr size_t bwd_dkdv_smem_bytes() {
   // K, V + 2 x (Q, dO) tiles, 2 x (lse, delta) rows, slack to align the tiles to the swizzle atom.
-  return sizeof(T) * D * (2 * kBwdKeys + 4 * kBwdBlockQ) + sizeof(float) * 4 * kBwdBlockQ + kSwizzleAtomBytes;
+  return sizeof(T) * D * (2 * kBwdKeys + 4 * dkdv_block_q<D>()) + sizeof(float) * 4 * dkdv_block_q<D>() +
+         kSwizzleAtomBytes;
 }
 
 template <typename T, int D>
@@ -78,7 +85,7 @@ template <typename T, typename OutT, int D>
 __global__ void __launch_bounds__(kThreads, 1) attention_bwd_dkdv_sm90_kernel(const AttentionBwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(D % kBlockColumns == 0, "head_dim must be a multiple of 64");
-  constexpr int kQ = kBwdBlockQ;
+  constexpr int kQ = dkdv_block_q<D>();
   extern __shared__ unsigned char smem_raw[];
   constexpr int kv_bytes = kBwdKeys * D * sizeof(T), q_bytes = kQ * D * sizeof(T);
   const uint32_t k_smem = aligned_smem_base(smem_raw);
