@@ -2,8 +2,8 @@
 
 FLOPs: forward = 4 * B * H * Lq * Lk * D (S = Q K^T and O = P V), halved when causal;
 backward = 2.5 x forward. Backward is timed alone (autograd.grad on a retained graph).
-"fusedops mma.sync" is the sm_80-style forward forced on Hopper (FUSEDOPS_ATTENTION_SM90=0), to
-compare it with the wgmma forward "fusedops" runs there.
+"fusedops mma.sync" is the sm_80-style forward and backward forced on Hopper
+(FUSEDOPS_ATTENTION_SM90=0), to compare them with the wgmma kernels "fusedops" runs there.
 """
 import contextlib
 import os
@@ -35,7 +35,8 @@ def _backends():
 
 
 @contextlib.contextmanager
-def _mma_sync_forward():
+def _mma_sync():
+    """The mma.sync kernels instead of the wgmma ones (the host reads the variable per call)."""
     saved = os.environ.get("FUSEDOPS_ATTENTION_SM90")
     os.environ["FUSEDOPS_ATTENTION_SM90"] = "0"
     try:
@@ -55,11 +56,16 @@ def _forward_fn(impl, context, q, k, v, causal):
     return fn
 
 
-def _backward_fn(forward, q, k, v):
+def _backward_fn(forward, context, q, k, v):
     """Backward alone: the forward graph is built once and retained."""
     out = forward()
     grad = torch.randn_like(out)
-    return lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)
+
+    def fn():
+        with context():
+            return torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)
+
+    return fn
 
 
 def _usable(fn):
@@ -81,11 +87,10 @@ def run(report, quick):
             flops = 4 * b * h * s * s * d * (0.5 if causal else 1.0)
             case = f"B{b} H{h} S{s} D{d}{' causal' if causal else ''}"
             ours = _forward_fn(fusedops.scaled_dot_product_attention, contextlib.nullcontext, q, k, v, causal)
+            contexts = {"fusedops": contextlib.nullcontext, "fusedops mma.sync": _mma_sync, **backends}
             forwards = {
                 "fusedops": ours,
-                "fusedops mma.sync": _forward_fn(
-                    fusedops.scaled_dot_product_attention, _mma_sync_forward, q, k, v, causal
-                ),
+                "fusedops mma.sync": _forward_fn(fusedops.scaled_dot_product_attention, _mma_sync, q, k, v, causal),
             }
             for name, context in backends.items():
                 forwards[name] = _forward_fn(F.scaled_dot_product_attention, context, q, k, v, causal)
@@ -93,9 +98,8 @@ def run(report, quick):
             with torch.no_grad():
                 report.measure("attention forward, bf16", case, forwards, flops=flops)
             backwards = {
-                name: None if fn is None else _usable(_backward_fn(fn, q, k, v))
+                name: None if fn is None else _usable(_backward_fn(fn, contexts[name], q, k, v))
                 for name, fn in forwards.items()
-                if name != "fusedops mma.sync"  # the same backward kernels as "fusedops"
             }
             report.measure("attention backward, bf16", case, backwards, flops=2.5 * flops)
             del forwards, backwards

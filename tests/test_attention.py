@@ -270,10 +270,11 @@ def test_offset_views():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("heads", [(4, 4), (4, 2)])
-def test_backward_bitwise_deterministic(heads):
+def test_backward_bitwise_deterministic(head_dim, heads):
     hq, hkv = heads
-    q, k, v = _qkv(2, hq, hkv, 300, 400, 128, torch.bfloat16)
+    q, k, v = _qkv(2, hq, hkv, 300, 400, head_dim, torch.bfloat16)
     grad = torch.randn_like(q)
     first = _run(fusedops.scaled_dot_product_attention, q, k, v, grad, True)
     for _ in range(50):
@@ -430,3 +431,117 @@ def test_sm90_no_worse_than_mma_sync_path(monkeypatch, head_dim, causal, lq, lk)
     lse_err, old_lse_err = ((l.double() - ref_lse).abs().max().item() for l in (lse, old_lse))
     assert err <= 1.5 * old_err + 1e-5, f"out: wgmma {err:.3e} vs mma.sync {old_err:.3e}"
     assert lse_err <= 1.5 * old_lse_err + 1e-5, f"lse: wgmma {lse_err:.3e} vs mma.sync {old_lse_err:.3e}"
+
+
+# ---- GPU: Hopper wgmma backward (sm_90 devices, sm_90a builds) ---------------------------------
+# On an sm_90 device the backward of head dims 64 and 128 runs attention_bwd_dkdv_sm90_kernel and
+# attention_bwd_dq_sm90_kernel, so every accuracy, GQA, stride, determinism and sanitizer test
+# above checks them. These tests prove those kernels run, then localize an error: single-tile
+# cases report dq (dQ kernel), dk and dv (dK/dV kernel) errors separately, with error maps.
+
+SM90_BWD_KERNELS = {"attention_bwd_dkdv_sm90_kernel", "attention_bwd_dq_sm90_kernel"}
+MMA_SYNC_BWD_KERNELS = {"attention_bwd_dkdv_kernel", "attention_bwd_dq_kernel"}
+
+
+def _ran(kernels, names):
+    return {kernel for kernel in kernels if any(kernel in name for name in names)}
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", SM90_HEAD_DIMS + [96])
+def test_sm90_backward_kernel_runs(monkeypatch, dtype, head_dim):
+    q, k, v = _qkv(1, 2, 2, 200, 300, head_dim, dtype)
+    out, lse = ops.attention_fwd(q, k, v, True, 0.1)
+    grad = torch.randn_like(out)
+
+    def backward():
+        ops.attention_bwd(grad, q, k, v, out, lse, True, 0.1)
+
+    names = _kernel_names(backward)
+    if head_dim in SM90_HEAD_DIMS:
+        assert _ran(SM90_BWD_KERNELS, names) == SM90_BWD_KERNELS, f"expected the wgmma kernels, ran {sorted(names)}"
+        assert not _ran(MMA_SYNC_BWD_KERNELS, names), f"mma.sync kernels ran too: {sorted(names)}"
+    else:
+        assert _ran(MMA_SYNC_BWD_KERNELS, names) == MMA_SYNC_BWD_KERNELS, f"ran {sorted(names)}"
+        assert not _ran(SM90_BWD_KERNELS, names), f"ran {sorted(names)}"
+    monkeypatch.setenv("FUSEDOPS_ATTENTION_SM90_BWD", "0")
+    names = _kernel_names(backward)
+    assert _ran(MMA_SYNC_BWD_KERNELS, names) == MMA_SYNC_BWD_KERNELS and not _ran(SM90_BWD_KERNELS, names), sorted(
+        names
+    )
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", SM90_HEAD_DIMS)
+@pytest.mark.parametrize("length", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_sm90_backward_single_tile_diagnostic(dtype, head_dim, length, causal):
+    """One dK/dV block (128 keys) and one dQ block (128 queries), three inputs:
+    random; q = 0 (S = 0: P is uniform over the visible keys, so dv is a mean of dO rows and
+    dk = 0: only the P^T dO path and dO's column layout matter); one-hot (q_i = k_i = e_(i mod D),
+    scale 10: P is (near) one-hot on matching keys, so dv picks rows of dO and any row misplacement
+    of S^T, P^T or dO shows). dq comes from the dQ kernel, dk and dv from the dK/dV kernel."""
+    q, k, v = _qkv(1, 2, 2, length, length, head_dim, dtype)
+    grad = torch.randn_like(q)
+    one_hot = torch.eye(head_dim, dtype=dtype, device="cuda")[torch.arange(length, device="cuda") % head_dim]
+    one_hot = one_hot.expand(1, 2, length, head_dim)
+    cases = {
+        "random": (q, k, v, head_dim**-0.5),
+        "q = 0 (P^T dO only)": (torch.zeros_like(q), k, v, head_dim**-0.5),
+        "one-hot (row placement)": (one_hot, one_hot, v, 10.0),
+    }
+    report, failures = [], []
+    for name, (qc, kc, vc, scale) in cases.items():
+        out, lse = ops.attention_fwd(qc, kc, vc, causal, scale)
+        grads = ops.attention_bwd(grad, qc, kc, vc, out, lse, causal, scale)
+        _, ref_grads = _sdpa64(qc, kc, vc, grad, causal, scale)
+        _, torch_grads = _run(F.scaled_dot_product_attention, qc, kc, vc, grad, causal, scale)
+        for grad_name, ours, ref, theirs in zip(("dq", "dk", "dv"), grads, ref_grads, torch_grads):
+            budget = 3 * (theirs.double() - ref).abs().max().item() + 1e-4
+            err = (ours.double() - ref).abs().max().item()
+            report.append(f"[{name}] {grad_name} err {err:.3e} (budget {budget:.3e}, nan {ours.isnan().any().item()})")
+            report.append(f"  {grad_name} err per (16 rows, 64 cols): {_error_map(ours, ref, 16, 64)}")
+            if not err <= budget:
+                failures.append(f"{name}: {grad_name}")
+    assert not failures, f"failed: {failures}\n" + "\n".join(report)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("head_dim", SM90_HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("heads", [(4, 4), (4, 2)])
+@pytest.mark.parametrize("lq, lk", [(64, 64), (129, 129), (200, 700), (700, 200), (1000, 1000)])
+def test_sm90_backward_no_worse_than_mma_sync_path(monkeypatch, head_dim, causal, heads, lq, lk):
+    """The wgmma backward against the mma.sync backward (FUSEDOPS_ATTENTION_SM90_BWD=0) on the same
+    forward output, both vs float64."""
+    hq, hkv = heads
+    q, k, v = _qkv(2, hq, hkv, lq, lk, head_dim, torch.bfloat16)
+    grad = torch.randn_like(q)
+    out, lse = ops.attention_fwd(q, k, v, causal, 0.1)
+    _, ref_grads = _sdpa64(q, k, v, grad, causal, 0.1)
+    grads = ops.attention_bwd(grad, q, k, v, out, lse, causal, 0.1)
+    monkeypatch.setenv("FUSEDOPS_ATTENTION_SM90_BWD", "0")
+    old_grads = ops.attention_bwd(grad, q, k, v, out, lse, causal, 0.1)
+    failures = []
+    for name, ours, old, ref in zip(("dq", "dk", "dv"), grads, old_grads, ref_grads):
+        err, old_err = ((g.double() - ref).abs().max().item() for g in (ours, old))
+        if not err <= 2.0 * old_err + 1e-4:
+            failures.append(f"{name}: wgmma {err:.3e} vs mma.sync {old_err:.3e}")
+    assert not failures, failures
+
+
+@pytest.mark.gpu
+@pytest.mark.sanitizer
+@needs_sm90
+@pytest.mark.parametrize("head_dim", SM90_HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("lq, lk", [(130, 257), (257, 130)])
+def test_sm90_backward_sanitizer_multi_tile(head_dim, causal, lq, lk):
+    """Several query and key tiles of both wgmma backward kernels, GQA (fp32 dK/dV partials)."""
+    q, k, v = _qkv(1, 4, 2, lq, lk, head_dim, torch.bfloat16)
+    _check_against_torch(q, k, v, causal)

@@ -64,6 +64,10 @@ cudaError_t launch_attention_fwd(const AttentionFwdParams& p, DType dtype, cudaS
 bool attention_fwd_sm90_supported(DType dtype, int head_dim);
 cudaError_t launch_attention_fwd_sm90(const AttentionFwdParams& p, DType dtype, cudaStream_t stream);
 cudaError_t launch_attention_bwd(const AttentionBwdParams& p, DType dtype, cudaStream_t stream);
+// Hopper backward on warpgroup MMA, under the same conditions as the Hopper forward; as
+// deterministic as launch_attention_bwd.
+bool attention_bwd_sm90_supported(DType dtype, int head_dim);
+cudaError_t launch_attention_bwd_sm90(const AttentionBwdParams& p, DType dtype, cudaStream_t stream);
 
 // Per head-dim instantiations (one .cu file each, so they compile in parallel).
 template <int HeadDim>
@@ -76,6 +80,12 @@ template <>
 cudaError_t launch_attention_fwd_sm90_hdim<64>(const AttentionFwdParams& p, DType dtype, cudaStream_t stream);
 template <>
 cudaError_t launch_attention_fwd_sm90_hdim<128>(const AttentionFwdParams& p, DType dtype, cudaStream_t stream);
+template <int HeadDim>
+cudaError_t launch_attention_bwd_sm90_hdim(const AttentionBwdParams& p, DType dtype, cudaStream_t stream);
+template <>
+cudaError_t launch_attention_bwd_sm90_hdim<64>(const AttentionBwdParams& p, DType dtype, cudaStream_t stream);
+template <>
+cudaError_t launch_attention_bwd_sm90_hdim<128>(const AttentionBwdParams& p, DType dtype, cudaStream_t stream);
 template <>
 cudaError_t launch_attention_fwd_hdim<32>(const AttentionFwdParams& p, DType dtype, cudaStream_t stream);
 template <>

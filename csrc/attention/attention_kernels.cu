@@ -30,6 +30,16 @@ cudaError_t launch_attention_fwd_sm90(const AttentionFwdParams& p, DType dtype, 
   }
 }
 
+bool attention_bwd_sm90_supported(DType dtype, int head_dim) { return attention_fwd_sm90_supported(dtype, head_dim); }
+
+cudaError_t launch_attention_bwd_sm90(const AttentionBwdParams& p, DType dtype, cudaStream_t stream) {
+  switch (p.head_dim) {
+    case 64: return launch_attention_bwd_sm90_hdim<64>(p, dtype, stream);
+    case 128: return launch_attention_bwd_sm90_hdim<128>(p, dtype, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
 cudaError_t launch_attention_bwd(const AttentionBwdParams& p, DType dtype, cudaStream_t stream) {
   switch (p.head_dim) {
     case 32: return launch_attention_bwd_hdim<32>(p, dtype, stream);

@@ -41,14 +41,28 @@ bool build_has_sm90a() {
 #endif
 }
 
+bool env_is_zero(const char* name) {
+  const char* knob = std::getenv(name);
+  return knob != nullptr && std::strcmp(knob, "0") == 0;
+}
+
+bool is_sm90_device(const at::Tensor& t) {
+  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(t.get_device());
+  return prop->major == 9 && prop->minor == 0;
+}
+
 // The forward runs the Hopper wgmma kernel on sm_90 devices in sm_90a builds for the head dims it
 // has, unless FUSEDOPS_ATTENTION_SM90=0 (read per call, to compare the two paths); else mma.sync.
 bool use_sm90_forward(const at::Tensor& q, DType dtype) {
   if (!build_has_sm90a() || !attention_fwd_sm90_supported(dtype, static_cast<int>(q.size(3)))) return false;
-  const char* knob = std::getenv("FUSEDOPS_ATTENTION_SM90");
-  if (knob != nullptr && std::strcmp(knob, "0") == 0) return false;
-  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(q.get_device());
-  return prop->major == 9 && prop->minor == 0;
+  return !env_is_zero("FUSEDOPS_ATTENTION_SM90") && is_sm90_device(q);
+}
+
+// The backward likewise, unless FUSEDOPS_ATTENTION_SM90=0 or FUSEDOPS_ATTENTION_SM90_BWD=0 (the
+// latter keeps the wgmma forward: compares the two backwards alone).
+bool use_sm90_backward(const at::Tensor& q, DType dtype) {
+  if (!build_has_sm90a() || !attention_bwd_sm90_supported(dtype, static_cast<int>(q.size(3)))) return false;
+  return !env_is_zero("FUSEDOPS_ATTENTION_SM90") && !env_is_zero("FUSEDOPS_ATTENTION_SM90_BWD") && is_sm90_device(q);
 }
 
 // Output shaped like `ref`, in ref's memory layout when the kernels can write that layout (the
@@ -179,7 +193,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_cuda(const at::Tens
     p.dv_stride = strides_of(dv);
     set_problem(p, q, k, causal, scale);
     p.dkdv_fp32 = grouped;
-    C10_CUDA_CHECK(launch_attention_bwd(p, dtype, c10::cuda::getCurrentCUDAStream()));
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+    C10_CUDA_CHECK(use_sm90_backward(q, dtype) ? launch_attention_bwd_sm90(p, dtype, stream)
+                                               : launch_attention_bwd(p, dtype, stream));
   }
   if (grouped) {
     const auto grouped_shape = std::vector<int64_t>{k.size(0), k.size(1), q.size(1) / k.size(1), k.size(2), k.size(3)};

@@ -44,6 +44,12 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool v
                "r"(valid ? 16 : 0));
 }
 
+// The same for one 4-byte value (.ca: the 4-byte size exists only with caching in L1).
+__device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_address(smem)), "l"(gmem),
+               "r"(valid ? 4 : 0));
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 template <int pending>
