@@ -30,8 +30,8 @@ TORCH_LIBRARY(fusedops, m) {
   m.def("rms_norm_fwd(Tensor input, int[] normalized_shape, Tensor? weight, float eps) -> (Tensor, Tensor)");
   m.def("add_layer_norm_fwd(Tensor input, Tensor residual, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("add_rms_norm_fwd(Tensor input, Tensor residual, int[] normalized_shape, Tensor? weight, float eps) -> (Tensor, Tensor, Tensor)");
-  m.def("layer_norm_bwd(Tensor grad_out, Tensor? grad_residual_out, Tensor input, Tensor mean, Tensor rstd, int[] normalized_shape, Tensor? weight, Tensor? bias, bool weight_grad=True) -> (Tensor, Tensor, Tensor)");
-  m.def("rms_norm_bwd(Tensor grad_out, Tensor? grad_residual_out, Tensor input, Tensor rstd, int[] normalized_shape, Tensor? weight, bool weight_grad=True) -> (Tensor, Tensor)");
+  m.def("layer_norm_bwd(Tensor grad_out, Tensor? grad_residual_out, Tensor input, Tensor mean, Tensor rstd, int[] normalized_shape, Tensor? weight, Tensor? bias) -> (Tensor, Tensor, Tensor)");
+  m.def("rms_norm_bwd(Tensor grad_out, Tensor? grad_residual_out, Tensor input, Tensor rstd, int[] normalized_shape, Tensor? weight) -> (Tensor, Tensor)");
 
   // Attention
   m.def("attention_fwd(Tensor q, Tensor k, Tensor v, bool causal, float scale) -> (Tensor, Tensor)");

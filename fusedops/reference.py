@@ -174,7 +174,7 @@ def add_rms_norm(input, residual, normalized_shape, weight, eps):
     return out, residual_out, rstd
 
 
-def _norm_backward(grad_out, grad_residual_out, input, mean, rstd, normalized_shape, weight, bias, weight_grad=True):
+def _norm_backward(grad_out, grad_residual_out, input, mean, rstd, normalized_shape, weight, bias):
     acc = acc_dtype(input.dtype)
     dims = _norm_dims(input, normalized_shape)
     x, dy = input.to(acc), grad_out.to(acc)
@@ -189,24 +189,20 @@ def _norm_backward(grad_out, grad_residual_out, input, mean, rstd, normalized_sh
     if grad_residual_out is not None:
         dx = dx + grad_residual_out.to(acc)
     rows = tuple(range(input.dim() - len(normalized_shape)))
-    dweight = input.new_empty((0,)) if weight is None or not weight_grad else (dy * xhat).sum(rows).to(weight.dtype)
+    dweight = input.new_empty((0,)) if weight is None else (dy * xhat).sum(rows).to(weight.dtype)
     dbias = input.new_empty((0,)) if bias is None else dy.sum(rows).to(bias.dtype)
     return dx.to(input.dtype), dweight, dbias
 
 
-def layer_norm_backward(grad_out, grad_residual_out, input, mean, rstd, normalized_shape, weight, bias,
-                        weight_grad=True):
-    """(dx, dweight, dbias); dweight / dbias are empty when weight / bias is None, or (dweight)
-    when weight_grad is False (only bias's dtype is read). grad_residual_out, when given, is added
-    to dx (the add_* variants)."""
-    return _norm_backward(grad_out, grad_residual_out, input, mean, rstd, normalized_shape, weight, bias, weight_grad)
+def layer_norm_backward(grad_out, grad_residual_out, input, mean, rstd, normalized_shape, weight, bias):
+    """(dx, dweight, dbias); dweight / dbias are empty when weight / bias is None (only bias's
+    dtype is read). grad_residual_out, when given, is added to dx (the add_* variants)."""
+    return _norm_backward(grad_out, grad_residual_out, input, mean, rstd, normalized_shape, weight, bias)
 
 
-def rms_norm_backward(grad_out, grad_residual_out, input, rstd, normalized_shape, weight, weight_grad=True):
-    """(dx, dweight); dweight is empty when weight is None or weight_grad is False."""
-    dx, dweight, _ = _norm_backward(
-        grad_out, grad_residual_out, input, None, rstd, normalized_shape, weight, None, weight_grad
-    )
+def rms_norm_backward(grad_out, grad_residual_out, input, rstd, normalized_shape, weight):
+    """(dx, dweight); dweight is empty when weight is None."""
+    dx, dweight, _ = _norm_backward(grad_out, grad_residual_out, input, None, rstd, normalized_shape, weight, None)
     return dx, dweight
 # ---- attention ---------------------------------------------------------------------------------
 

@@ -135,23 +135,6 @@ def test_add_variants_cpu_gradients(kind):
         torch.testing.assert_close(o, t, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
-def test_backward_skips_dweight_of_a_frozen_weight(kind):
-    x = torch.randn(4, 24, dtype=torch.float64)
-    w, b = torch.randn(24, dtype=torch.float64), torch.randn(24, dtype=torch.float64)
-    _, mean, rstd = reference.layer_norm(x, [24], w, b, 1e-5)
-    dy = torch.randn_like(x)
-    if kind == "layer_norm":
-        full = ops.layer_norm_bwd(dy, None, x, mean, rstd, [24], w, b)
-        frozen = ops.layer_norm_bwd(dy, None, x, mean, rstd, [24], w, b, False)
-        torch.testing.assert_close(frozen[2], full[2])
-    else:
-        full = ops.rms_norm_bwd(dy, None, x, rstd, [24], w)
-        frozen = ops.rms_norm_bwd(dy, None, x, rstd, [24], w, False)
-    torch.testing.assert_close(frozen[0], full[0])
-    assert frozen[1].numel() == 0 and full[1].shape == (24,)
-
-
 # ---- opcheck and torch.compile on CPU --------------------------------------------------------
 
 
@@ -170,14 +153,9 @@ def _op_samples(device, dtype=torch.float32):
     yield ops.layer_norm_bwd, (torch.randn_like(x), r, x, mean, rstd, [16], w.detach(), b.detach())
     yield ops.layer_norm_bwd, (torch.randn_like(x), None, x, mean, rstd, [16], None, None)
     yield ops.rms_norm_bwd, (torch.randn_like(x), None, x, rstd, [16], w.detach())
-    yield ops.layer_norm_bwd, (torch.randn_like(x), None, x, mean, rstd, [16], w.detach(), b.detach(), False)
-    yield ops.rms_norm_bwd, (torch.randn_like(x), r, x, rstd, [16], w.detach(), False)
 
 
-OP_SAMPLES = 10
-
-
-@pytest.mark.parametrize("index", range(OP_SAMPLES))
+@pytest.mark.parametrize("index", range(8))
 def test_opcheck_cpu(index):
     op, args = list(_op_samples("cpu"))[index]
     torch.library.opcheck(op, args)
@@ -270,7 +248,7 @@ def test_gpu_mixed_precision_fp32_weight(kind, dtype, n):
 
 @gpu
 @sanitizer
-@pytest.mark.parametrize("n", [7, 64, 1024, 1500, 2049, 8200, 16392])
+@pytest.mark.parametrize("n", [7, 64, 1500])
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
 def test_gpu_small_cases(kind, n):
     x = torch.randn(5, n, device="cuda", dtype=torch.bfloat16)
@@ -295,40 +273,6 @@ def test_gpu_weight_or_bias_none(kind, affine):
     w = torch.randn(768, device="cuda", dtype=torch.bfloat16) if affine == "weight" else None
     b = torch.randn(768, device="cuda", dtype=torch.bfloat16) if affine == "bias" else None
     _check_norm(kind, x, (768,), w, b)
-
-
-@gpu
-@pytest.mark.parametrize("n", [1024, 16384])
-@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"])
-def test_gpu_frozen_weight(kind, n):
-    """A weight that needs no gradient: the backward skips dweight, dx and dbias are unchanged."""
-    x = torch.randn(64, n, device="cuda", dtype=torch.bfloat16)
-    r = torch.randn_like(x)
-    w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, device="cuda", dtype=torch.bfloat16) if "layer" in kind else None
-    dy = torch.randn_like(x)
-
-    def grads(weight_needs_grad):
-        leaves = [t.clone().requires_grad_(True) for t in (x, r)]
-        wi = w.clone().requires_grad_(weight_needs_grad)
-        bi = b.clone().requires_grad_(True) if b is not None else None
-        if kind == "layer_norm":
-            out = fusedops.layer_norm(leaves[0], (n,), wi, bi)
-        elif kind == "rms_norm":
-            out = fusedops.rms_norm(leaves[0], (n,), wi)
-        elif kind == "add_layer_norm":
-            out = fusedops.add_layer_norm(leaves[0], leaves[1], (n,), wi, bi)[0]
-        else:
-            out = fusedops.add_rms_norm(leaves[0], leaves[1], (n,), wi)[0]
-        out.backward(dy)
-        return leaves[0].grad, wi.grad, bi.grad if bi is not None else None
-
-    dx, dw, db = grads(False)
-    full_dx, full_dw, full_db = grads(True)
-    assert dw is None and full_dw is not None
-    assert torch.equal(dx, full_dx)
-    if db is not None:
-        assert torch.equal(db, full_db)
 
 
 @gpu
@@ -377,11 +321,10 @@ def test_gpu_offset_view_gradient():
 
 
 @gpu
-@pytest.mark.parametrize("n", [123, 512, 1024, 4096, 16384, 32768, 65536])
+@pytest.mark.parametrize("n", [123, 1024, 4096, 65536])
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
 def test_gpu_backward_bitwise_deterministic(kind, n):
-    rows = 3000 if n <= 16384 else (500 if n <= 32768 else 40)
-    x = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    x = torch.randn(3000 if n < 65536 else 40, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w = torch.randn(n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     b = torch.randn(n, device="cuda", dtype=torch.bfloat16, requires_grad=True) if kind == "layer_norm" else None
     dy = torch.randn_like(x)
@@ -407,10 +350,14 @@ def test_gpu_fp16_large_sum_of_squares(kind):
     _check_norm(kind, x, (n,), w, b)
 
 
-def _check_add_norm(kind, x, r, w, b):
-    """add_<kind>: out, residual_out and the gradients of both inputs, weight and bias against
-    float64, with torch's own ops in x's dtype as the bar."""
-    n = x.shape[-1]
+@gpu
+@pytest.mark.parametrize("n", [7, 1024, 8192, 40000])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
+def test_gpu_add_variants(kind, dtype, n):
+    x = torch.randn(40, n, device="cuda", dtype=dtype)
+    r = torch.randn_like(x)
+    w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
     g_out, g_res = torch.randn_like(x), torch.randn_like(x)
 
     def run(xi, ri, wi, bi, fused):
@@ -441,106 +388,7 @@ def _check_add_norm(kind, x, r, w, b):
 
 
 @gpu
-@pytest.mark.parametrize("n", [7, 1024, 8192, 40000])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
-def test_gpu_add_variants(kind, dtype, n):
-    x = torch.randn(40, n, device="cuda", dtype=dtype)
-    w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
-    _check_add_norm(kind, x, torch.randn_like(x), w, b)
-
-
-# Kernel selection (csrc/norm/norm_kernels.cu), by chunks = ceil(N / vector width) (8 for 16-bit
-# types when every operand is 16-byte aligned and N % 8 == 0, else 1 element):
-#   forward:  staged (cp.async ring) with 1 / 2 / 4 chunks per thread up to 1024 / 2048 / 4096
-#             chunks, when at least two stages fit in shared memory; add_* with 4 chunks per
-#             thread: a row over a cluster of 2 blocks (sm_90); beyond 4096 chunks, streaming.
-#   backward: staged with 1 / 2 chunks per thread up to 1024 / 2048 chunks; up to 4096 chunks a
-#             row over a cluster of 2 blocks (sm_90); beyond, streaming.
-# Each N below sits on one side of one of those boundaries (bf16: vector path; N odd: scalar path).
-BOUNDARY_SIZES = [8192, 8200, 16384, 16392, 32768, 32776, 1024, 1025, 2047, 2049, 4095, 4097]
-
-
-@gpu
-@pytest.mark.parametrize("n", BOUNDARY_SIZES)
-@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
-def test_gpu_path_boundaries(kind, n):
-    x = torch.randn(37, n, device="cuda", dtype=torch.bfloat16) * 2 + 0.5
-    w, b = torch.randn(n, device="cuda", dtype=torch.bfloat16), torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    _check_norm(kind, x, (n,), w, b)
-
-
-@gpu
-@sanitizer
-@pytest.mark.parametrize("n", [7, 1024, 8200, 16392])
-@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
-def test_gpu_add_small_cases(kind, n):
-    """The staged kernels with their third operand (residual / grad of residual_out)."""
-    x = torch.randn(5, n, device="cuda", dtype=torch.bfloat16)
-    w, b = torch.randn(n, device="cuda", dtype=torch.bfloat16), torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    _check_add_norm(kind, x, torch.randn_like(x), w, b)
-
-
-@gpu
-@pytest.mark.parametrize("n", BOUNDARY_SIZES)
-@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
-def test_gpu_add_path_boundaries(kind, n):
-    x = torch.randn(37, n, device="cuda", dtype=torch.bfloat16)
-    w, b = torch.randn(n, device="cuda", dtype=torch.bfloat16), torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    _check_add_norm(kind, x, torch.randn_like(x), w, b)
-
-
-@gpu
-@pytest.mark.parametrize("rows, n", [(70001, 512), (70001, 64), (100003, 24), (4099, 4096), (1001, 32768)])
-@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
-def test_gpu_rows_not_dividing_the_grid(kind, rows, n):
-    """Row counts that leave the last tile of a block's row groups part empty, past 65535 rows,
-    and a persistent grid whose blocks get different numbers of tiles."""
-    x = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
-    w, b = torch.randn(n, device="cuda", dtype=torch.bfloat16), torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    _check_norm(kind, x, (n,), w, b)
-
-
-@gpu
-@pytest.mark.parametrize("n", [64, 4096, 12288])
-@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
-def test_gpu_float64_staged(kind, n):
-    x = torch.randn(300, n, device="cuda", dtype=torch.float64)
-    w = torch.randn(n, device="cuda", dtype=torch.float64)
-    b = torch.randn(n, device="cuda", dtype=torch.float64) if kind == "layer_norm" else None
-    dy = torch.randn_like(x)
-    ours = _forward_backward(lambda a, wi, bi: _fused_norm(kind, a, (n,), wi, bi, 1e-5), x, w, b, dy)
-    ref = _forward_backward(lambda a, wi, bi: _torch_norm(kind, a, (n,), wi, bi, 1e-5), x, w, b, dy)
-    for o, r in zip(ours, ref):
-        if o is not None and r is not None:
-            torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-5)
-
-
-@gpu
-@pytest.mark.parametrize("n", [512, 4096, 16384, 32768])
-@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
-def test_gpu_add_backward_bitwise_deterministic(kind, n):
-    x = torch.randn(2000 if n <= 16384 else 500, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    r = torch.randn_like(x).requires_grad_(True)
-    w = torch.randn(n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    b = torch.randn(n, device="cuda", dtype=torch.bfloat16, requires_grad=True) if kind == "layer_norm" else None
-    g_out, g_res = torch.randn_like(x), torch.randn_like(x)
-    params = [t for t in (x, r, w, b) if t is not None]
-    first = None
-    for _ in range(50):
-        if kind == "layer_norm":
-            out, res = fusedops.add_layer_norm(x, r, (n,), w, b)
-        else:
-            out, res = fusedops.add_rms_norm(x, r, (n,), w)
-        grads = torch.autograd.grad([out, res], params, [g_out, g_res])
-        if first is None:
-            first = grads
-        for g, f in zip(grads, first):
-            assert torch.equal(g, f)
-
-
-@gpu
-@pytest.mark.parametrize("index", range(OP_SAMPLES))
+@pytest.mark.parametrize("index", range(8))
 def test_gpu_opcheck(index):
     op, args = list(_op_samples("cuda"))[index]
     torch.library.opcheck(op, args)

@@ -33,8 +33,7 @@ struct NormFwdParams {
 // dx = d norm(x) / dx applied to dy (+ dresidual_out, the gradient reaching residual_out in the
 // add_* variants). dweight / dbias: each of `blocks` blocks writes its column sums over its rows to
 // partial[block, cols] (accumulation type: fp32, fp64 for fp64 input); a second kernel adds the
-// partials of every block in a fixed order, so results are bitwise reproducible. A null dweight
-// skips the weight's sums (weight is still read for dx).
+// partials of every block in a fixed order, so results are bitwise reproducible.
 struct NormBwdParams {
   const void* dy;
   const void* dresidual_out;  // optional

@@ -106,15 +106,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_fwd(const at::Te
   return {out, residual_out, mean, rstd};
 }
 
-// dx, dweight (empty without weight or without weight_grad), dbias (empty without bias). Only
-// bias's dtype is read.
+// dx, dweight (empty without weight), dbias (empty without bias). Only bias's dtype is read.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(const at::Tensor& grad_out,
                                                         const c10::optional<at::Tensor>& grad_residual_out,
                                                         const at::Tensor& input, const c10::optional<at::Tensor>& mean,
                                                         const at::Tensor& rstd, at::IntArrayRef shape,
                                                         const c10::optional<at::Tensor>& weight,
-                                                        const c10::optional<at::Tensor>& bias, bool weight_grad,
-                                                        bool rms) {
+                                                        const c10::optional<at::Tensor>& bias, bool rms) {
   const DType x_dtype = to_dtype(input.scalar_type(), "input");
   const int64_t cols = normalized_cols(input, shape);
   const DType w_dtype = check_affine(weight, bias, input, shape);
@@ -139,10 +137,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(const at::Tensor& grad_o
   const at::Tensor x = as_rows(input, rows, cols), dy = as_rows(grad_out, rows, cols);
   const at::Tensor dres = grad_residual_out ? as_rows(*grad_residual_out, rows, cols) : at::Tensor();
   at::Tensor dx = at::empty(input.sizes(), input.options());
-  const bool dweight_wanted = weight.has_value() && weight_grad;
-  const auto w_options = input.options().dtype(dweight_wanted ? weight->scalar_type() : input.scalar_type());
+  const auto w_options = input.options().dtype(weight ? weight->scalar_type() : input.scalar_type());
   const auto b_options = input.options().dtype(bias ? bias->scalar_type() : input.scalar_type());
-  at::Tensor dweight = at::empty(dweight_wanted ? shape : at::IntArrayRef{0}, w_options);
+  at::Tensor dweight = at::empty(weight ? shape : at::IntArrayRef{0}, w_options);
   at::Tensor dbias = at::empty(bias ? shape : at::IntArrayRef{0}, b_options);
   NormBwdParams p{};
   p.dy = dy.data_ptr();
@@ -157,15 +154,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(const at::Tensor& grad_o
   p.dy_row_stride = row_stride(dy);
   p.dresidual_out_row_stride = grad_residual_out ? row_stride(dres) : 0;
   p.x_row_stride = row_stride(x);
-  p.dweight = dweight_wanted ? dweight.data_ptr() : nullptr;
+  p.dweight = weight ? dweight.data_ptr() : nullptr;
   p.dbias = bias ? dbias.data_ptr() : nullptr;
   at::Tensor weight_partial, bias_partial;  // alive until the launches below are queued
-  if ((dweight_wanted || bias) && rows > 0 && cols > 0) {
+  if ((weight || bias) && rows > 0 && cols > 0) {
     const int64_t blocks = norm_bwd_blocks(p, x_dtype, w_dtype, rms);
     const auto partial_options = input.options().dtype(x_dtype == DType::Float64 ? at::kDouble : at::kFloat);
-    if (dweight_wanted) weight_partial = at::empty({blocks, cols}, partial_options);
+    if (weight) weight_partial = at::empty({blocks, cols}, partial_options);
     if (bias) bias_partial = at::empty({blocks, cols}, partial_options);
-    p.weight_partial = dweight_wanted ? weight_partial.data_ptr() : nullptr;
+    p.weight_partial = weight ? weight_partial.data_ptr() : nullptr;
     p.bias_partial = bias ? bias_partial.data_ptr() : nullptr;
   }
   const auto stream = c10::cuda::getCurrentCUDAStream();
@@ -204,17 +201,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_fwd_cuda(const at::T
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_cuda(
     const at::Tensor& grad_out, const c10::optional<at::Tensor>& grad_residual_out, const at::Tensor& input,
     const at::Tensor& mean, const at::Tensor& rstd, at::IntArrayRef shape, const c10::optional<at::Tensor>& weight,
-    const c10::optional<at::Tensor>& bias, bool weight_grad) {
-  return norm_bwd(grad_out, grad_residual_out, input, mean, rstd, shape, weight, bias, weight_grad, false);
+    const c10::optional<at::Tensor>& bias) {
+  return norm_bwd(grad_out, grad_residual_out, input, mean, rstd, shape, weight, bias, false);
 }
 
 std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_cuda(const at::Tensor& grad_out,
                                                      const c10::optional<at::Tensor>& grad_residual_out,
                                                      const at::Tensor& input, const at::Tensor& rstd,
-                                                     at::IntArrayRef shape, const c10::optional<at::Tensor>& weight,
-                                                     bool weight_grad) {
+                                                     at::IntArrayRef shape, const c10::optional<at::Tensor>& weight) {
   auto [dx, dweight, unused] =
-      norm_bwd(grad_out, grad_residual_out, input, c10::nullopt, rstd, shape, weight, c10::nullopt, weight_grad, true);
+      norm_bwd(grad_out, grad_residual_out, input, c10::nullopt, rstd, shape, weight, c10::nullopt, true);
   return {dx, dweight};
 }
 

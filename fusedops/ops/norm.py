@@ -59,20 +59,18 @@ def _(input, residual, normalized_shape, weight, eps):
 
 
 @torch.library.register_fake("fusedops::layer_norm_bwd")
-def _(grad_out, grad_residual_out, input, mean, rstd, normalized_shape, weight, bias, weight_grad=True):
-    dweight = _param_grad(weight if weight_grad else None, input, normalized_shape)
-    return _like(input), dweight, _param_grad(bias, input, normalized_shape)
+def _(grad_out, grad_residual_out, input, mean, rstd, normalized_shape, weight, bias):
+    return _like(input), _param_grad(weight, input, normalized_shape), _param_grad(bias, input, normalized_shape)
 
 
 @torch.library.register_fake("fusedops::rms_norm_bwd")
-def _(grad_out, grad_residual_out, input, rstd, normalized_shape, weight, weight_grad=True):
-    return _like(input), _param_grad(weight if weight_grad else None, input, normalized_shape)
+def _(grad_out, grad_residual_out, input, rstd, normalized_shape, weight):
+    return _like(input), _param_grad(weight, input, normalized_shape)
 
 
 # ---- autograd --------------------------------------------------------------------------------
 # The backward ops return empty dweight / dbias for an absent weight / bias; a bias is passed to
-# them only when its gradient is needed (its values are never read), and weight_grad=False skips
-# dweight (the weight is still read for dx).
+# them only when its gradient is needed (its values are never read).
 
 
 def _param_or_none(grad, param, needed):
@@ -90,7 +88,7 @@ def _layer_norm_backward(ctx, grad_out, _grad_mean, _grad_rstd):
     input, weight, bias, mean, rstd = ctx.saved_tensors
     needs = ctx.needs_input_grad
     dx, dweight, dbias = ops.layer_norm_bwd(
-        grad_out, None, input, mean, rstd, ctx.normalized_shape, weight, bias if needs[3] else None, needs[2]
+        grad_out, None, input, mean, rstd, ctx.normalized_shape, weight, bias if needs[3] else None
     )
     return dx, None, _param_or_none(dweight, weight, needs[2]), _param_or_none(dbias, bias, needs[3]), None
 
@@ -106,9 +104,8 @@ def _rms_norm_setup(ctx, inputs, output):
 
 def _rms_norm_backward(ctx, grad_out, _grad_rstd):
     input, weight, rstd = ctx.saved_tensors
-    needs = ctx.needs_input_grad
-    dx, dweight = ops.rms_norm_bwd(grad_out, None, input, rstd, ctx.normalized_shape, weight, needs[2])
-    return dx, None, _param_or_none(dweight, weight, needs[2]), None
+    dx, dweight = ops.rms_norm_bwd(grad_out, None, input, rstd, ctx.normalized_shape, weight)
+    return dx, None, _param_or_none(dweight, weight, ctx.needs_input_grad[2]), None
 
 
 torch.library.register_autograd("fusedops::rms_norm_fwd", _rms_norm_backward, setup_context=_rms_norm_setup)
@@ -125,15 +122,7 @@ def _add_layer_norm_backward(ctx, grad_out, grad_residual_out, _grad_mean, _grad
     residual_out, weight, bias, mean, rstd = ctx.saved_tensors
     needs = ctx.needs_input_grad
     dx, dweight, dbias = ops.layer_norm_bwd(
-        grad_out,
-        grad_residual_out,
-        residual_out,
-        mean,
-        rstd,
-        ctx.normalized_shape,
-        weight,
-        bias if needs[4] else None,
-        needs[3],
+        grad_out, grad_residual_out, residual_out, mean, rstd, ctx.normalized_shape, weight, bias if needs[4] else None
     )
     return dx, dx, None, _param_or_none(dweight, weight, needs[3]), _param_or_none(dbias, bias, needs[4]), None
 
@@ -151,11 +140,8 @@ def _add_rms_norm_setup(ctx, inputs, output):
 
 def _add_rms_norm_backward(ctx, grad_out, grad_residual_out, _grad_rstd):
     residual_out, weight, rstd = ctx.saved_tensors
-    needs = ctx.needs_input_grad
-    dx, dweight = ops.rms_norm_bwd(
-        grad_out, grad_residual_out, residual_out, rstd, ctx.normalized_shape, weight, needs[3]
-    )
-    return dx, dx, None, _param_or_none(dweight, weight, needs[3]), None
+    dx, dweight = ops.rms_norm_bwd(grad_out, grad_residual_out, residual_out, rstd, ctx.normalized_shape, weight)
+    return dx, dx, None, _param_or_none(dweight, weight, ctx.needs_input_grad[3]), None
 
 
 torch.library.register_autograd("fusedops::add_rms_norm_fwd", _add_rms_norm_backward, setup_context=_add_rms_norm_setup)
