@@ -3,10 +3,15 @@
 //
 // Row strategies:
 // - register rows (cols <= G * ITEMS * VEC, 16-byte aligned rows): each thread keeps its
-//   ITEMS vectors of VEC elements in registers as fp32, so the row is read from HBM once;
-// - cluster rows (sm_90, cols up to 16x that of a 1024-thread block): the row is split over a
-//   thread-block cluster of CLUSTER blocks, each keeping its slice in registers; the blocks
-//   combine their max and sum through distributed shared memory, so the row is still read once;
+//   ITEMS vectors of VEC elements in registers in the storage type, so the row is read from HBM
+//   once. The grid is persistent (one resident wave) and software-pipelined: a group issues the
+//   loads of its next row before it reduces and writes the current one, so a row's reductions
+//   and barriers overlap the next row's memory latency. The forward reduces max and sum in one
+//   pass (per-thread online max + sum, then one reduction of (max, sum) pairs);
+// - cluster rows (sm_90, cols up to 16x that of a 512- or 1024-thread block): the row is split
+//   over a thread-block cluster of CLUSTER blocks, each keeping its slice in registers; the
+//   blocks combine their partials through distributed shared memory with one cluster barrier
+//   per row, so the row is still read once;
 // - streamed rows (longer rows, odd sizes, unaligned views, fp64): two passes over the row, an
 //   online max + sum (or the backward's dot product) and then the output. The first pass may
 //   stage the row in shared memory (CACHE) so the second reads it from there; otherwise the
@@ -33,7 +38,13 @@ namespace {
 namespace cg = cooperative_groups;
 
 constexpr int kSmallGroupBlock = 128;  // block size when a row takes at most one warp
-constexpr int kRegisterElems = 16;     // elements of a row one thread keeps in registers
+// Elements of a row one thread keeps in registers (per tensor). 32 for 16-bit rows halves the
+// blocks per row but takes ~75 registers (one 512-thread block per SM instead of two): no gain.
+constexpr int kRegisterElems = 16;
+// Registers of raw row data (current + prefetched row) above which a kernel would exceed 64
+// registers a thread (two 512-thread blocks per SM): such kernels load each row when they reach
+// it and hide latency with the second block instead.
+constexpr int kMaxPrefetchRegisters = 40;
 constexpr int kStreamUnroll = 4;       // vectors loaded before any is used in streamed rows
 constexpr int kStreamThreads = 512;    // threads per row for long streamed rows (128 registers each)
 // Cluster rows use 512-thread blocks, two per SM, so one block's loads overlap the other's
@@ -59,13 +70,63 @@ template <typename T> __device__ __forceinline__ acc_t<T> exp_acc(acc_t<T> v) {
 __device__ __forceinline__ float log_acc(float v) { return logf(v); }
 __device__ __forceinline__ double log_acc(double v) { return log(v); }
 
-template <int G, typename A, class Op>
-__device__ __forceinline__ A group_reduce(A value, Op op, A identity, A* scratch) {
-  if constexpr (G <= 32) {
-    return warp_reduce<G>(value, op);
-  } else {
-    return block_reduce(value, op, identity, scratch);
+// A row's running max and sum of exp(logit - max), combined across threads in one reduction.
+template <typename A> struct MaxSum {
+  A max;
+  A sum;
+};
+
+// max that lets a NaN through, so a NaN logit makes its row NaN, as in torch.
+template <typename A> __device__ __forceinline__ A nan_max(A a, A b) { return (a > b || a != a) ? a : b; }
+
+template <typename T> struct MaxSumOp {
+  using A = acc_t<T>;
+  // Commutative bit for bit, so every lane (and every block of a cluster) agrees on the result.
+  __device__ __forceinline__ MaxSum<A> operator()(MaxSum<A> p, MaxSum<A> q) const {
+    const A m = nan_max(p.max, q.max);
+    if (m == neg_inf<A>()) return {m, A(0)};
+    return {m, p.sum * exp_acc<T>(p.max - m) + q.sum * exp_acc<T>(q.max - m)};
   }
+  // Adds VEC logits to a thread's running (max, sum), rescaling the sum when the max grows.
+  template <int VEC> __device__ __forceinline__ void add(MaxSum<A>& acc, const A (&logits)[VEC]) const {
+    A vmax = logits[0];
+#pragma unroll
+    for (int j = 1; j < VEC; ++j) vmax = nan_max(vmax, logits[j]);
+    if (vmax > acc.max || vmax != vmax) {
+      acc.sum *= exp_acc<T>(acc.max - vmax);
+      acc.max = vmax;
+    }
+    if (acc.max != neg_inf<A>()) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) acc.sum += exp_acc<T>(logits[j] - acc.max);
+    }
+  }
+};
+
+template <typename A> __device__ __forceinline__ A shfl_xor(A v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
+template <typename A> __device__ __forceinline__ MaxSum<A> shfl_xor(MaxSum<A> v, int mask) {
+  return {shfl_xor(v.max, mask), shfl_xor(v.sum, mask)};
+}
+
+// Warp and block reductions of a value that may be a MaxSum pair (common/reduce.cuh's take a
+// scalar); same shape: every lane ends with the result.
+template <int W, typename V, class Op> __device__ __forceinline__ V warp_all_reduce(V value, Op op) {
+#pragma unroll
+  for (int mask = W / 2; mask > 0; mask /= 2) value = op(value, shfl_xor(value, mask));
+  return value;
+}
+
+template <int G, typename V, class Op>
+__device__ __forceinline__ V group_reduce(V value, Op op, V identity, V* scratch) {
+  value = warp_all_reduce<G <= 32 ? G : 32>(value, op);
+  if constexpr (G > 32) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    if (lane == 0) scratch[warp] = value;
+    __syncthreads();
+    value = warp_all_reduce<32>(lane < G / 32 ? scratch[lane] : identity, op);
+    __syncthreads();  // scratch may be reused once this returns
+  }
+  return value;
 }
 
 // The rows a group visits: a grid-stride loop whose trip count is uniform across the block (and
@@ -84,10 +145,11 @@ template <int G, int CLUSTER = 1> struct RowCursor {
 // Reduces over the whole row: the group, then with CLUSTER > 1 the cluster's blocks, each block
 // publishing its value in `slot` (its own shared memory) and reading every block's through
 // distributed shared memory. All blocks combine the values in the same order, so they agree
-// bit for bit. A slot is rewritten only after the next cluster barrier, once every block has
-// read it; the kernel ends with a cluster barrier so no block exits while its slot is read.
-template <int G, int CLUSTER, typename A, class Op>
-__device__ __forceinline__ A row_reduce(A value, Op op, A identity, A* scratch, A* slot) {
+// bit for bit. Consecutive rows alternate between two slots: a slot is rewritten two rows
+// later, after the next row's cluster barrier, which every block passes only once it has read
+// the slot; the kernel ends with a cluster barrier so no block exits while its slot is read.
+template <int G, int CLUSTER, typename V, class Op>
+__device__ __forceinline__ V row_reduce(V value, Op op, V identity, V* scratch, V* slot) {
   value = group_reduce<G>(value, op, identity, scratch);
   if constexpr (CLUSTER > 1) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
@@ -95,7 +157,7 @@ __device__ __forceinline__ A row_reduce(A value, Op op, A identity, A* scratch, 
     if (threadIdx.x == 0) *slot = value;
     cluster.sync();
     const int lane = threadIdx.x % 32;
-    value = warp_reduce(lane < CLUSTER ? *cluster.map_shared_rank(slot, lane) : identity, op);
+    value = warp_all_reduce<32>(lane < CLUSTER ? *cluster.map_shared_rank(slot, lane) : identity, op);
 #else
     __trap();  // the host picks cluster rows only on sm_90 devices, which run sm_90 code
 #endif
@@ -164,16 +226,34 @@ template <typename T> struct MaskRow {
   }
 };
 
-template <typename T>
-__device__ __forceinline__ MaskRow<T> mask_row(const MaskLayout& m, int64_t row, int64_t q_len, bool causal) {
-  const int64_t elem_bytes = m.kind == MaskKind::Bool ? 1 : static_cast<int64_t>(sizeof(T));
-  int64_t offset = 0, rest = row;
+// The mask offset (in elements) and causal limit of a row, in index type I: 32-bit division is
+// several times cheaper than 64-bit, and this runs once per row in every thread of the group.
+template <typename I>
+__device__ __forceinline__ void locate_row(const MaskLayout& m, I row, I q_len, int64_t& offset, int64_t& query) {
+  offset = 0;
+  I rest = row;
 #pragma unroll
   for (int d = kMaxLeadDims - 1; d >= 0; --d) {
-    offset += (rest % m.lead_sizes[d]) * m.lead_strides[d];
-    rest /= m.lead_sizes[d];
+    const I size = static_cast<I>(m.lead_sizes[d]);
+    if (size == 1) continue;  // padding dims and dims the input does not have
+    offset += static_cast<int64_t>(rest % size) * m.lead_strides[d];
+    rest /= size;
   }
-  const int64_t last_visible = causal ? row % q_len : std::numeric_limits<int64_t>::max();
+  query = static_cast<int64_t>(row % q_len);
+}
+
+template <typename T>
+__device__ __forceinline__ MaskRow<T> mask_row(const MaskLayout& m, int64_t row, int64_t rows, int64_t q_len,
+                                               bool causal) {
+  const int64_t elem_bytes = m.kind == MaskKind::Bool ? 1 : static_cast<int64_t>(sizeof(T));
+  int64_t offset, query;
+  // Every lead size and q_len divides into `rows`, so 32 bits hold them all when they hold rows.
+  if (rows <= int64_t(UINT32_MAX)) {
+    locate_row<uint32_t>(m, static_cast<uint32_t>(row), static_cast<uint32_t>(q_len), offset, query);
+  } else {
+    locate_row<int64_t>(m, row, q_len, offset, query);
+  }
+  const int64_t last_visible = causal ? query : std::numeric_limits<int64_t>::max();
   return {static_cast<const char*>(m.data) + offset * elem_bytes, m.col_stride * elem_bytes, last_visible, m.kind};
 }
 
@@ -228,7 +308,7 @@ template <typename T, bool MASKED> struct ForwardRow {
   PhiloxKey key;
   __device__ ForwardRow(const ForwardArgs<T>& a, int64_t row) {
     if constexpr (MASKED) {
-      mask = mask_row<T>(a.mask, row, a.q_len, a.causal);
+      mask = mask_row<T>(a.mask, row, a.rows, a.q_len, a.causal);
       if (a.dropout) key = unpack_philox(a.philox);
     }
   }
@@ -244,11 +324,10 @@ template <typename T, bool MASKED> struct ForwardRow {
     for (int j = 0; j < VEC; ++j) out[j] = to_acc(x.val[j]) * a.scale;
     if constexpr (MASKED) mask.template apply<VEC>(c0, out);
   }
-  // Stores the outputs of VEC elements starting at col c0 of `row`. `values` are logits, or with
-  // kExps (and never for log_softmax) the exp(logit - stats.max) already computed.
-  template <int VEC, bool kExps>
-  __device__ __forceinline__ void store(const ForwardArgs<T>& a, int64_t row, int64_t c0, const acc_t<T> (&values)[VEC],
-                        const RowStats<T>& stats) const {
+  // Stores the outputs of the VEC logits of columns c0 ... of `row`.
+  template <int VEC>
+  __device__ __forceinline__ void store(const ForwardArgs<T>& a, int64_t row, int64_t c0, const acc_t<T> (&logits)[VEC],
+                                        const RowStats<T>& stats) const {
     AlignedVector<T, VEC> v;
     uint32_t keep = ~0u;
     if constexpr (MASKED) {
@@ -258,9 +337,9 @@ template <typename T, bool MASKED> struct ForwardRow {
     for (int j = 0; j < VEC; ++j) {
       acc_t<T> y;
       if (!MASKED && a.log) {
-        y = stats.log_prob(values[j]);
+        y = stats.log_prob(logits[j]);
       } else {
-        y = (kExps ? values[j] * stats.inv_sum : stats.prob(values[j]));
+        y = stats.prob(logits[j]);
         if (MASKED && a.dropout) y = (keep >> j) & 1u ? y * a.keep_scale : acc_t<T>(0);
       }
       v.val[j] = from_acc<T>(y);
@@ -289,7 +368,7 @@ template <typename T, bool MASKED> struct BackwardRow {
   acc_t<T> lse;
   __device__ BackwardRow(const BackwardArgs<T>& a, int64_t row, bool valid) {
     if constexpr (MASKED) {
-      mask = mask_row<T>(a.mask, row, a.q_len, a.causal);
+      mask = mask_row<T>(a.mask, row, a.rows, a.q_len, a.causal);
       lse = valid ? a.lse[row] : pos_inf<acc_t<T>>();
       if (a.dropout) key = {static_cast<uint64_t>(a.rng_state[0]), static_cast<uint64_t>(a.rng_state[1])};
     }
@@ -298,11 +377,19 @@ template <typename T, bool MASKED> struct BackwardRow {
     if constexpr (MASKED) return mask.hidden_from(c0);
     return false;
   }
+  // Dropout bits of columns c0 ... of `row` (all kept without dropout).
   template <int VEC>
-  __device__ __forceinline__ void prepare(const BackwardArgs<T>& a, int64_t row, int64_t c0, const AlignedVector<T, VEC>& va,
-                          const AlignedVector<T, VEC>& vdy, acc_t<T> (&y)[VEC], acc_t<T> (&g)[VEC]) const {
+  __device__ __forceinline__ uint32_t keep(const BackwardArgs<T>& a, int64_t row, int64_t c0) const {
     if constexpr (MASKED) {
-      const uint32_t keep = a.dropout ? keep_bits<VEC>(key, a.threshold, row * a.cols + c0) : ~0u;
+      if (a.dropout) return keep_bits<VEC>(key, a.threshold, row * a.cols + c0);
+    }
+    return ~0u;
+  }
+  template <int VEC>
+  __device__ __forceinline__ void prepare(const BackwardArgs<T>& a, int64_t c0, const AlignedVector<T, VEC>& va,
+                                          const AlignedVector<T, VEC>& vdy, uint32_t keep, acc_t<T> (&y)[VEC],
+                                          acc_t<T> (&g)[VEC]) const {
+    if constexpr (MASKED) {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) y[j] = to_acc(va.val[j]) * a.scale;
       mask.template apply<VEC>(c0, y);
@@ -330,61 +417,96 @@ template <typename T, bool MASKED> struct BackwardRow {
 
 // ---- register rows ---------------------------------------------------------------------------
 
+// Whether a register-row kernel prefetches the next row: unmasked rows do when the two copies of
+// the raw row data fit in kMaxPrefetchRegisters (not fp32 backward). Masked rows need registers
+// for the mask and the dropout generator; they rely on occupancy to hide latency instead.
+template <typename T, int ITEMS, int VEC, int TENSORS, bool MASKED>
+constexpr bool register_prefetch() {
+  return !MASKED && 2 * TENSORS * ITEMS * VEC * int(sizeof(T)) / 4 <= kMaxPrefetchRegisters;
+}
+
+// The columns of a register row a thread owns: vector i starts at column(i). Register rows are
+// at most kMaxCluster * 1024 * 32 columns long, so 32 bits index them.
+template <int G, int ITEMS, int VEC, int CLUSTER> struct RowSlice {
+  int first;
+  __device__ RowSlice() {
+    first = (RowCursor<G, CLUSTER>::rank() * G * ITEMS + RowCursor<G, CLUSTER>::lane()) * VEC;
+  }
+  __device__ __forceinline__ int column(int i) const { return first + i * G * VEC; }
+};
+
 template <typename T, int G, int ITEMS, int VEC, bool MASKED, int CLUSTER>
 __global__ void __launch_bounds__(block_threads(G)) register_forward_kernel(ForwardArgs<T> a) {
   using A = acc_t<T>;
   using Cursor = RowCursor<G, CLUSTER>;
-  __shared__ A scratch[32];
-  __shared__ A slots[2];
-  const int lane = Cursor::lane();
-  const int64_t slice = static_cast<int64_t>(Cursor::rank()) * G * ITEMS * VEC;
-  for (int64_t base = Cursor::first(); base < a.rows; base += Cursor::step()) {
+  using Vec = AlignedVector<T, VEC>;
+  using Ctx = ForwardRow<T, MASKED>;
+  constexpr bool kPrefetch = register_prefetch<T, ITEMS, VEC, 1, MASKED>();
+  const MaxSumOp<T> op;
+  const MaxSum<A> identity{neg_inf<A>(), A(0)};
+  __shared__ MaxSum<A> scratch[32];
+  __shared__ MaxSum<A> slots[2];
+  const RowSlice<G, ITEMS, VEC, CLUSTER> slice;
+  // Loads the thread's vectors of a row; none of a row past the end, none past the row's end,
+  // none hidden by the causal mask (their probabilities are 0).
+  const int cols = static_cast<int>(a.cols);
+  auto load = [&](int64_t row, const Ctx& ctx, Vec (&v)[ITEMS]) {
+    if (row >= a.rows) return;
+    const T* x = a.x + row * a.x_row_stride;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int c0 = slice.column(i);
+      if (c0 < cols && !ctx.hidden_from(c0)) v[i] = load_vector<T, VEC>(x + c0);
+    }
+  };
+  auto context = [&](int64_t row) { return Ctx(a, row < a.rows ? row : 0); };
+  int64_t base = Cursor::first();
+  Vec next[ITEMS] = {};
+  Ctx next_ctx = context(Cursor::row(base));  // the prefetched row's
+  if constexpr (kPrefetch) load(Cursor::row(base), next_ctx, next);
+  for (int parity = 0; base < a.rows; base += Cursor::step(), parity ^= 1) {
     const int64_t row = Cursor::row(base);
     const bool valid = row < a.rows;
-    const ForwardRow<T, MASKED> ctx(a, valid ? row : 0);
-    A logits[ITEMS][VEC];
-    A max = neg_inf<A>();
+    // Without prefetch the context is made here, so only one row's is live.
+    const Ctx ctx = kPrefetch ? next_ctx : context(row);
+    Vec cur[ITEMS];
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) cur[i] = next[i];
+    if constexpr (kPrefetch) {
+      // The next row's loads stay in flight through this row's reductions and stores.
+      const int64_t next_row = Cursor::row(base + Cursor::step());
+      next_ctx = context(next_row);
+      load(next_row, next_ctx, next);
+    } else {
+      load(row, ctx, cur);
+    }
+    MaxSum<A> partial = identity;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
-      const int64_t c0 = slice + static_cast<int64_t>(i * G + lane) * VEC;
-      // Vectors hidden by the causal mask are not read: their probabilities are 0.
-      if (valid && c0 < a.cols && !ctx.hidden_from(c0)) {
-        const auto v = load_vector<T, VEC>(a.x + row * a.x_row_stride + c0);
-        ctx.template logits<VEC>(a, c0, v, logits[i]);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) max = logits[i][j] > max ? logits[i][j] : max;
-      } else {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) logits[i][j] = neg_inf<A>();
+      const int c0 = slice.column(i);
+      if (valid && c0 < cols && !ctx.hidden_from(c0)) {
+        A logits[VEC];
+        ctx.template logits<VEC>(a, c0, cur[i], logits);
+        op.template add<VEC>(partial, logits);
       }
     }
-    max = row_reduce<G, CLUSTER>(max, MaxOp{}, neg_inf<A>(), scratch, &slots[0]);
-    const A shift = max == neg_inf<A>() ? A(0) : max;
-    // softmax keeps exp(logit - max) in place of the logit; log_softmax keeps the logit.
-    const bool keep_exps = MASKED || !a.log;
-    A sum = 0;
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i)
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const A e = exp_acc<T>(logits[i][j] - shift);
-        sum += e;
-        if (keep_exps) logits[i][j] = e;
-      }
-    sum = row_reduce<G, CLUSTER>(sum, SumOp{}, A(0), scratch, &slots[1]);
-    const RowStats<T> stats(max, sum);
+    const MaxSum<A> total = row_reduce<G, CLUSTER>(partial, op, identity, scratch, &slots[parity]);
+    const RowStats<T> stats(total.max, total.sum);
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
-      const int64_t c0 = slice + static_cast<int64_t>(i * G + lane) * VEC;
-      if (valid && c0 < a.cols) {
-        if (keep_exps) {
-          ctx.template store<VEC, true>(a, row, c0, logits[i], stats);
+      const int c0 = slice.column(i);
+      if (valid && c0 < cols) {
+        A logits[VEC];
+        if (ctx.hidden_from(c0)) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) logits[j] = neg_inf<A>();
         } else {
-          ctx.template store<VEC, false>(a, row, c0, logits[i], stats);
+          ctx.template logits<VEC>(a, c0, cur[i], logits);
         }
+        ctx.template store<VEC>(a, row, c0, logits, stats);
       }
     }
-    if (valid && lane == 0 && Cursor::rank() == 0) ctx.finish(a, row, stats);
+    if (valid && Cursor::lane() == 0 && Cursor::rank() == 0) ctx.finish(a, row, stats);
   }
   cluster_exit_barrier<CLUSTER>();
 }
@@ -393,40 +515,82 @@ template <typename T, int G, int ITEMS, int VEC, bool MASKED, int CLUSTER>
 __global__ void __launch_bounds__(block_threads(G)) register_backward_kernel(BackwardArgs<T> a) {
   using A = acc_t<T>;
   using Cursor = RowCursor<G, CLUSTER>;
+  using Vec = AlignedVector<T, VEC>;
+  using Ctx = BackwardRow<T, MASKED>;
+  constexpr bool kPrefetch = register_prefetch<T, ITEMS, VEC, 2, MASKED>();
   __shared__ A scratch[32];
-  __shared__ A slots[1];
-  const int lane = Cursor::lane();
-  const int64_t slice = static_cast<int64_t>(Cursor::rank()) * G * ITEMS * VEC;
-  for (int64_t base = Cursor::first(); base < a.rows; base += Cursor::step()) {
+  __shared__ A slots[2];
+  const RowSlice<G, ITEMS, VEC, CLUSTER> slice;
+  // Loads the thread's vectors of both tensors; vectors hidden by the causal mask are not read
+  // (y = 0 there, so dx = 0).
+  const int cols = static_cast<int>(a.cols);
+  auto load = [&](int64_t row, const Ctx& ctx, Vec (&va)[ITEMS], Vec (&vdy)[ITEMS]) {
+    if (row >= a.rows) return;
+    const T* src_a = a.a + row * a.a_row_stride;
+    const T* src_dy = a.dy + row * a.dy_row_stride;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int c0 = slice.column(i);
+      if (c0 < cols && !ctx.hidden_from(c0)) {
+        va[i] = load_vector<T, VEC>(src_a + c0);
+        vdy[i] = load_vector<T, VEC>(src_dy + c0);
+      }
+    }
+  };
+  auto context = [&](int64_t row) { return Ctx(a, row < a.rows ? row : 0, row < a.rows); };
+  int64_t base = Cursor::first();
+  Vec next_a[ITEMS] = {}, next_dy[ITEMS] = {};
+  Ctx next_ctx = context(Cursor::row(base));  // the prefetched row's
+  if constexpr (kPrefetch) load(Cursor::row(base), next_ctx, next_a, next_dy);
+  for (int parity = 0; base < a.rows; base += Cursor::step(), parity ^= 1) {
     const int64_t row = Cursor::row(base);
     const bool valid = row < a.rows;
-    const BackwardRow<T, MASKED> ctx(a, valid ? row : 0, valid);
-    A y[ITEMS][VEC], g[ITEMS][VEC];
+    // Without prefetch the context is made here, so only one row's is live.
+    const Ctx ctx = kPrefetch ? next_ctx : context(row);
+    Vec cur_a[ITEMS], cur_dy[ITEMS];
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      cur_a[i] = next_a[i];
+      cur_dy[i] = next_dy[i];
+    }
+    if constexpr (kPrefetch) {
+      // The next row's loads stay in flight through this row's reduction and stores.
+      const int64_t next_row = Cursor::row(base + Cursor::step());
+      next_ctx = context(next_row);
+      load(next_row, next_ctx, next_a, next_dy);
+    } else {
+      load(row, ctx, cur_a, cur_dy);
+    }
+    uint32_t keep[ITEMS];  // dropout bits, drawn once per row
     A sum = 0;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
-      const int64_t c0 = slice + static_cast<int64_t>(i * G + lane) * VEC;
-      // Vectors hidden by the causal mask are not read: y = 0 there, so dx = 0.
-      if (valid && c0 < a.cols && !ctx.hidden_from(c0)) {
-        const auto va = load_vector<T, VEC>(a.a + row * a.a_row_stride + c0);
-        const auto vdy = load_vector<T, VEC>(a.dy + row * a.dy_row_stride + c0);
-        ctx.template prepare<VEC>(a, row, c0, va, vdy, y[i], g[i]);
+      const int c0 = slice.column(i);
+      if (valid && c0 < cols && !ctx.hidden_from(c0)) {
+        keep[i] = ctx.template keep<VEC>(a, row, c0);
+        A y[VEC], g[VEC];
+        ctx.template prepare<VEC>(a, c0, cur_a[i], cur_dy[i], keep[i], y, g);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) sum += ctx.partial(a, y[i][j], g[i][j]);
-      } else {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) y[i][j] = g[i][j] = A(0);
+        for (int j = 0; j < VEC; ++j) sum += ctx.partial(a, y[j], g[j]);
       }
     }
-    sum = row_reduce<G, CLUSTER>(sum, SumOp{}, A(0), scratch, &slots[0]);
+    sum = row_reduce<G, CLUSTER>(sum, SumOp{}, A(0), scratch, &slots[parity]);
+    T* dx = a.dx + row * a.cols;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
-      const int64_t c0 = slice + static_cast<int64_t>(i * G + lane) * VEC;
-      if (valid && c0 < a.cols) {
-        AlignedVector<T, VEC> v;
+      const int c0 = slice.column(i);
+      if (valid && c0 < cols) {
+        Vec v;
+        if (ctx.hidden_from(c0)) {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) v.val[j] = from_acc<T>(ctx.grad(a, y[i][j], g[i][j], sum));
-        store_vector<T, VEC>(a.dx + row * a.cols + c0, v);
+          for (int j = 0; j < VEC; ++j) v.val[j] = from_acc<T>(A(0));
+        } else {
+          A y[VEC], g[VEC];
+          ctx.template prepare<VEC>(a, c0, cur_a[i], cur_dy[i], keep[i], y, g);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) v.val[j] = from_acc<T>(ctx.grad(a, y[j], g[j], sum));
+        }
+        store_vector<T, VEC>(dx + c0, v);
       }
     }
   }
@@ -497,7 +661,7 @@ __global__ void __launch_bounds__(block_threads(G)) streamed_forward_kernel(Forw
     stream_row<G, VEC, CACHE, false>(x, cache, cols, [&](int64_t c0, const AlignedVector<T, VEC>& v) {
       A logits[VEC];
       ctx.template logits<VEC>(a, c0, v, logits);
-      ctx.template store<VEC, false>(a, row, c0, logits, stats);
+      ctx.template store<VEC>(a, row, c0, logits, stats);
     });
     if (valid && Cursor::lane() == 0) ctx.finish(a, row, stats);
   }
@@ -542,7 +706,7 @@ __global__ void __launch_bounds__(block_threads(G)) streamed_backward_kernel(Bac
               store_vector<T, VEC>(cache_dy + cu, vdy[u]);
             }
             A y[VEC], g[VEC];
-            ctx.template prepare<VEC>(a, row, cu, va[u], vdy[u], y, g);
+            ctx.template prepare<VEC>(a, cu, va[u], vdy[u], ctx.template keep<VEC>(a, row, cu), y, g);
             f(cu, y, g);
           }
         }
@@ -591,8 +755,9 @@ struct Plan {
   size_t cache_bytes;
 };
 
+// per_thread: elements a thread keeps in registers on register and cluster rows.
 template <typename T>
-Plan make_plan(int64_t cols, bool aligned, int tensors) {
+Plan make_plan(int64_t cols, bool aligned, int tensors, int per_thread) {
   constexpr int kVec = kVec16<T>;
   Plan plan{false, 32, 0, 1, 0, false, 0};
   plan.vectorized = aligned && cols % kVec == 0 && !std::is_same<T, double>::value;
@@ -600,28 +765,28 @@ Plan make_plan(int64_t cols, bool aligned, int tensors) {
     plan.group = cols <= 1024 ? 32 : kStreamThreads;
     return plan;
   }
-  constexpr int kItems = kRegisterElems / kVec;
-  const int64_t per_thread = kItems * kVec;
+  const int items = per_thread / kVec;
   const bool clusters = device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
-  if (cols <= per_thread * (clusters ? kClusterThreads : 1024)) {
+  if (cols <= int64_t(per_thread) * (clusters ? kClusterThreads : 1024)) {
     const int64_t threads = (cols + per_thread - 1) / per_thread;
     int group = 4;
     while (group < threads) group *= 2;
     plan.group = group;
-    plan.items = kItems;
+    plan.items = items;
     return plan;
   }
   plan.group = kStreamThreads;
   plan.cache_bytes = static_cast<size_t>(cols) * sizeof(T) * tensors;
   plan.cache = plan.cache_bytes <= static_cast<size_t>(kMaxCacheBytes);
   if (!plan.cache) plan.cache_bytes = 0;
-  if (clusters && cols <= per_thread * kWideClusterThreads * kMaxCluster) {
-    plan.cluster_threads = cols <= per_thread * kClusterThreads * kMaxCluster ? kClusterThreads : kWideClusterThreads;
-    const int64_t per_block = per_thread * plan.cluster_threads;
+  if (clusters && cols <= int64_t(per_thread) * kWideClusterThreads * kMaxCluster) {
+    plan.cluster_threads =
+        cols <= int64_t(per_thread) * kClusterThreads * kMaxCluster ? kClusterThreads : kWideClusterThreads;
+    const int64_t per_block = int64_t(per_thread) * plan.cluster_threads;
     int cluster = 2;
     while (cluster * per_block < cols) cluster *= 2;
     plan.cluster = cluster;
-    plan.items = kItems;
+    plan.items = items;
   }
   return plan;
 }
@@ -649,18 +814,33 @@ cudaError_t launch_streamed(Kernel kernel, const Args& args, const Plan& plan, i
   return cudaGetLastError();
 }
 
-// Launches `cluster` blocks per row (a cluster each); cudaErrorNotSupported, with no launch and
-// no error left behind, when the device cannot co-schedule such a cluster.
+// Register rows: one resident wave of blocks (the kernels loop over rows and prefetch), or fewer
+// when there are fewer rows.
+template <class Kernel, class Args>
+cudaError_t launch_register_rows(Kernel kernel, const Args& args, int group, cudaStream_t stream) {
+  const int threads = block_threads(group);
+  int per_sm = 1;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0) != cudaSuccess) {
+    cudaGetLastError();  // only a sizing hint: clear it and assume one block per SM
+    per_sm = 1;
+  }
+  const int64_t blocks = std::min<int64_t>(row_blocks(args.rows, group), int64_t(sm_count()) * std::max(per_sm, 1));
+  kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
+// Launches one resident wave of clusters of `cluster` blocks (or one per row when there are
+// fewer rows), each looping over rows; cudaErrorNotSupported, with no launch and no error left
+// behind, when the device cannot co-schedule such a cluster.
 template <class Kernel, class Args>
 cudaError_t launch_clusters(Kernel kernel, const Args& args, int cluster, int threads, cudaStream_t stream) {
-  const int64_t clusters = std::min<int64_t>(args.rows, (int64_t(1) << 30) / cluster);
   cudaLaunchAttribute attribute;
   attribute.id = cudaLaunchAttributeClusterDimension;
   attribute.val.clusterDim.x = cluster;
   attribute.val.clusterDim.y = 1;
   attribute.val.clusterDim.z = 1;
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(clusters * cluster));
+  config.gridDim = dim3(static_cast<unsigned>(cluster));
   config.blockDim = dim3(threads);
   config.stream = stream;
   config.attrs = &attribute;
@@ -671,16 +851,18 @@ cudaError_t launch_clusters(Kernel kernel, const Args& args, int cluster, int th
     cudaGetLastError();  // clear the query's error: the caller falls back
     return cudaErrorNotSupported;
   }
+  config.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(args.rows, active) * cluster));
   const cudaError_t err = cudaLaunchKernelEx(&config, kernel, args);
   return err != cudaSuccess ? err : cudaGetLastError();
 }
 
 // Instantiates and launches the kernel of a plan: Launch::register_rows<G, ITEMS, VEC>(),
-// Launch::cluster_rows<CLUSTER, G, ITEMS, VEC>() or Launch::streamed<G, VEC, CACHE>().
-template <typename T, class Launch>
+// Launch::cluster_rows<CLUSTER, G, ITEMS, VEC>() or Launch::streamed<G, VEC, CACHE>(), with
+// PER_THREAD elements a thread on register and cluster rows.
+template <typename T, int PER_THREAD, class Launch>
 cudaError_t dispatch_plan(const Plan& plan, Launch launch) {
   constexpr int kVec = kVec16<T>;
-  constexpr int kItems = kRegisterElems / kVec;
+  constexpr int kItems = PER_THREAD / kVec;
   if (plan.cluster > 1) {
     cudaError_t err = cudaErrorNotSupported;
     if constexpr (!std::is_same<T, double>::value) {
@@ -731,9 +913,7 @@ template <typename T, bool MASKED> struct ForwardLaunch {
   const Plan& plan;
   cudaStream_t stream;
   template <int G, int ITEMS, int VEC> cudaError_t register_rows() const {
-    register_forward_kernel<T, G, ITEMS, VEC, MASKED, 1>
-        <<<static_cast<unsigned>(row_blocks(args.rows, G)), block_threads(G), 0, stream>>>(args);
-    return cudaGetLastError();
+    return launch_register_rows(register_forward_kernel<T, G, ITEMS, VEC, MASKED, 1>, args, G, stream);
   }
   template <int CLUSTER, int G, int ITEMS, int VEC> cudaError_t cluster_rows() const {
     return launch_clusters(register_forward_kernel<T, G, ITEMS, VEC, MASKED, CLUSTER>, args, CLUSTER, G, stream);
@@ -749,9 +929,7 @@ template <typename T, bool MASKED> struct BackwardLaunch {
   const Plan& plan;
   cudaStream_t stream;
   template <int G, int ITEMS, int VEC> cudaError_t register_rows() const {
-    register_backward_kernel<T, G, ITEMS, VEC, MASKED, 1>
-        <<<static_cast<unsigned>(row_blocks(args.rows, G)), block_threads(G), 0, stream>>>(args);
-    return cudaGetLastError();
+    return launch_register_rows(register_backward_kernel<T, G, ITEMS, VEC, MASKED, 1>, args, G, stream);
   }
   template <int CLUSTER, int G, int ITEMS, int VEC> cudaError_t cluster_rows() const {
     return launch_clusters(register_backward_kernel<T, G, ITEMS, VEC, MASKED, CLUSTER>, args, CLUSTER, G, stream);
@@ -806,8 +984,8 @@ cudaError_t launch_softmax_fwd(const SoftmaxParams& p, DType dtype, cudaStream_t
   return FUSEDOPS_DISPATCH_FLOAT_TYPES(dtype, T, [&] {
     const auto args = forward_args<T>(p.x, p.y, p.rows, p.cols, p.x_row_stride, p.scale, p.log);
     const bool aligned = rows_aligned(p.x, p.x_row_stride, sizeof(T)) && is_aligned(p.y, 16);
-    const Plan plan = make_plan<T>(p.cols, aligned, 1);
-    return dispatch_plan<T>(plan, ForwardLaunch<T, false>{args, plan, stream});
+    const Plan plan = make_plan<T>(p.cols, aligned, 1, kRegisterElems);
+    return dispatch_plan<T, kRegisterElems>(plan, ForwardLaunch<T, false>{args, plan, stream});
   });
 }
 
@@ -817,8 +995,8 @@ cudaError_t launch_softmax_bwd(const SoftmaxBackwardParams& p, DType dtype, cuda
     const auto args = backward_args<T>(p.y, p.dy, p.dx, p.rows, p.cols, p.y_row_stride, p.dy_row_stride, p.scale, p.log);
     const bool aligned = rows_aligned(p.y, p.y_row_stride, sizeof(T)) &&
                          rows_aligned(p.dy, p.dy_row_stride, sizeof(T)) && is_aligned(p.dx, 16);
-    const Plan plan = make_plan<T>(p.cols, aligned, 2);
-    return dispatch_plan<T>(plan, BackwardLaunch<T, false>{args, plan, stream});
+    const Plan plan = make_plan<T>(p.cols, aligned, 2, kRegisterElems);
+    return dispatch_plan<T, kRegisterElems>(plan, BackwardLaunch<T, false>{args, plan, stream});
   });
 }
 
@@ -836,8 +1014,8 @@ cudaError_t launch_masked_softmax_fwd(const MaskedSoftmaxParams& p, DType dtype,
     args.keep_scale = static_cast<acc_t<T>>(1.0 / (1.0 - p.p));
     args.philox = p.philox;
     const bool aligned = rows_aligned(p.x, p.x_row_stride, sizeof(T)) && is_aligned(p.out, 16);
-    const Plan plan = make_plan<T>(p.cols, aligned, 1);
-    return dispatch_plan<T>(plan, ForwardLaunch<T, true>{args, plan, stream});
+    const Plan plan = make_plan<T>(p.cols, aligned, 1, kRegisterElems);
+    return dispatch_plan<T, kRegisterElems>(plan, ForwardLaunch<T, true>{args, plan, stream});
   });
 }
 
@@ -855,8 +1033,8 @@ cudaError_t launch_masked_softmax_bwd(const MaskedSoftmaxBackwardParams& p, DTyp
     args.keep_scale = static_cast<acc_t<T>>(1.0 / (1.0 - p.p));
     const bool aligned = rows_aligned(p.x, p.x_row_stride, sizeof(T)) &&
                          rows_aligned(p.dy, p.dy_row_stride, sizeof(T)) && is_aligned(p.dx, 16);
-    const Plan plan = make_plan<T>(p.cols, aligned, 2);
-    return dispatch_plan<T>(plan, BackwardLaunch<T, true>{args, plan, stream});
+    const Plan plan = make_plan<T>(p.cols, aligned, 2, kRegisterElems);
+    return dispatch_plan<T, kRegisterElems>(plan, BackwardLaunch<T, true>{args, plan, stream});
   });
 }
 
