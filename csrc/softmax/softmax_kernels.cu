@@ -70,7 +70,7 @@ template <typename T> __device__ __forceinline__ acc_t<T> exp_acc(acc_t<T> v) {
 __device__ __forceinline__ float log_acc(float v) { return logf(v); }
 __device__ __forceinline__ double log_acc(double v) { return log(v); }
 
-// A row's running max and sum of exp(logit - max), combined across threads in one reduction.
+// A block's max and sum of exp(logit - max) of a row, combined across a cluster's blocks.
 template <typename A> struct MaxSum {
   A max;
   A sum;
@@ -79,6 +79,11 @@ template <typename A> struct MaxSum {
 // max that lets a NaN through, so a NaN logit makes its row NaN, as in torch.
 template <typename A> __device__ __forceinline__ A nan_max(A a, A b) { return (a > b || a != a) ? a : b; }
 
+struct NanMaxOp {
+  template <typename A> __device__ __forceinline__ A operator()(A a, A b) const { return nan_max(a, b); }
+};
+
+// Combines the (max, sum) partials of a row's blocks (clusters).
 template <typename T> struct MaxSumOp {
   using A = acc_t<T>;
   // Commutative bit for bit, so every lane (and every block of a cluster) agrees on the result.
@@ -86,20 +91,6 @@ template <typename T> struct MaxSumOp {
     const A m = nan_max(p.max, q.max);
     if (m == neg_inf<A>()) return {m, A(0)};
     return {m, p.sum * exp_acc<T>(p.max - m) + q.sum * exp_acc<T>(q.max - m)};
-  }
-  // Adds VEC logits to a thread's running (max, sum), rescaling the sum when the max grows.
-  template <int VEC> __device__ __forceinline__ void add(MaxSum<A>& acc, const A (&logits)[VEC]) const {
-    A vmax = logits[0];
-#pragma unroll
-    for (int j = 1; j < VEC; ++j) vmax = nan_max(vmax, logits[j]);
-    if (vmax > acc.max || vmax != vmax) {
-      acc.sum *= exp_acc<T>(acc.max - vmax);
-      acc.max = vmax;
-    }
-    if (acc.max != neg_inf<A>()) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) acc.sum += exp_acc<T>(logits[j] - acc.max);
-    }
   }
 };
 
@@ -109,7 +100,7 @@ template <typename A> __device__ __forceinline__ MaxSum<A> shfl_xor(MaxSum<A> v,
 }
 
 // Warp and block reductions of a value that may be a MaxSum pair (common/reduce.cuh's take a
-// scalar); same shape: every lane ends with the result.
+// scalar); same shape: every lane ends with the result, the same bits in every lane.
 template <int W, typename V, class Op> __device__ __forceinline__ V warp_all_reduce(V value, Op op) {
 #pragma unroll
   for (int mask = W / 2; mask > 0; mask /= 2) value = op(value, shfl_xor(value, mask));
@@ -148,9 +139,8 @@ template <int G, int CLUSTER = 1> struct RowCursor {
 // bit for bit. Consecutive rows alternate between two slots: a slot is rewritten two rows
 // later, after the next row's cluster barrier, which every block passes only once it has read
 // the slot; the kernel ends with a cluster barrier so no block exits while its slot is read.
-template <int G, int CLUSTER, typename V, class Op>
-__device__ __forceinline__ V row_reduce(V value, Op op, V identity, V* scratch, V* slot) {
-  value = group_reduce<G>(value, op, identity, scratch);
+template <int CLUSTER, typename V, class Op>
+__device__ __forceinline__ V cluster_reduce(V value, Op op, V identity, V* slot) {
   if constexpr (CLUSTER > 1) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
     cg::cluster_group cluster = cg::this_cluster();
@@ -165,6 +155,11 @@ __device__ __forceinline__ V row_reduce(V value, Op op, V identity, V* scratch, 
   return value;
 }
 
+template <int G, int CLUSTER, typename V, class Op>
+__device__ __forceinline__ V row_reduce(V value, Op op, V identity, V* scratch, V* slot) {
+  return cluster_reduce<CLUSTER>(group_reduce<G>(value, op, identity, scratch), op, identity, slot);
+}
+
 template <int CLUSTER> __device__ __forceinline__ void cluster_exit_barrier() {
   if constexpr (CLUSTER > 1) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
@@ -177,10 +172,13 @@ template <int CLUSTER> __device__ __forceinline__ void cluster_exit_barrier() {
 template <typename T, typename A = acc_t<T>> struct RowStats {
   A max;      // 0 for a row with no finite logit, so exp(-inf - max) = 0
   A inv_sum;  // 0 for a fully masked row: its probabilities are 0
-  A log_sum;
+  A log_sum;   // only with `logs` (log_softmax, or the masked lse): the log costs ~20 instructions
   bool empty;  // NaN sums (a +inf or NaN logit) are not empty: NaN propagates as in torch
-  __device__ RowStats(A m, A s)
-      : max(m == neg_inf<A>() ? A(0) : m), inv_sum(s == A(0) ? A(0) : A(1) / s), log_sum(log_acc(s)), empty(s == A(0)) {}
+  __device__ RowStats(A m, A s, bool logs)
+      : max(m == neg_inf<A>() ? A(0) : m),
+        inv_sum(s == A(0) ? A(0) : A(1) / s),
+        log_sum(logs ? log_acc(s) : A(0)),
+        empty(s == A(0)) {}
   __device__ A prob(A logit) const { return exp_acc<T>(logit - max) * inv_sum; }
   __device__ A log_prob(A logit) const { return empty ? neg_inf<A>() : logit - max - log_sum; }
   // Log-sum-exp saved for the backward: +inf for a fully masked row, so exp(logit - lse) = 0.
@@ -324,10 +322,11 @@ template <typename T, bool MASKED> struct ForwardRow {
     for (int j = 0; j < VEC; ++j) out[j] = to_acc(x.val[j]) * a.scale;
     if constexpr (MASKED) mask.template apply<VEC>(c0, out);
   }
-  // Stores the outputs of the VEC logits of columns c0 ... of `row`.
+  // Stores the outputs of columns c0 ... of `row` from their VEC logits, or with `exps` (never
+  // for log_softmax) from exp(logit - m) for some m, whose probabilities are exps * factor.
   template <int VEC>
-  __device__ __forceinline__ void store(const ForwardArgs<T>& a, int64_t row, int64_t c0, const acc_t<T> (&logits)[VEC],
-                                        const RowStats<T>& stats) const {
+  __device__ __forceinline__ void store(const ForwardArgs<T>& a, int64_t row, int64_t c0, const acc_t<T> (&values)[VEC],
+                                        const RowStats<T>& stats, bool exps = false, acc_t<T> factor = 0) const {
     AlignedVector<T, VEC> v;
     uint32_t keep = ~0u;
     if constexpr (MASKED) {
@@ -337,9 +336,9 @@ template <typename T, bool MASKED> struct ForwardRow {
     for (int j = 0; j < VEC; ++j) {
       acc_t<T> y;
       if (!MASKED && a.log) {
-        y = stats.log_prob(logits[j]);
+        y = stats.log_prob(values[j]);
       } else {
-        y = stats.prob(logits[j]);
+        y = exps ? values[j] * factor : stats.prob(values[j]);
         if (MASKED && a.dropout) y = (keep >> j) & 1u ? y * a.keep_scale : acc_t<T>(0);
       }
       v.val[j] = from_acc<T>(y);
@@ -442,9 +441,8 @@ __global__ void __launch_bounds__(block_threads(G)) register_forward_kernel(Forw
   using Vec = AlignedVector<T, VEC>;
   using Ctx = ForwardRow<T, MASKED>;
   constexpr bool kPrefetch = register_prefetch<T, ITEMS, VEC, 1, MASKED>();
-  const MaxSumOp<T> op;
   const MaxSum<A> identity{neg_inf<A>(), A(0)};
-  __shared__ MaxSum<A> scratch[32];
+  __shared__ A scratch[32];
   __shared__ MaxSum<A> slots[2];
   const RowSlice<G, ITEMS, VEC, CLUSTER> slice;
   // Loads the thread's vectors of a row; none of a row past the end, none past the row's end,
@@ -480,31 +478,49 @@ __global__ void __launch_bounds__(block_threads(G)) register_forward_kernel(Forw
     } else {
       load(row, ctx, cur);
     }
-    MaxSum<A> partial = identity;
+    // The thread's logits, then its max and sum of exp(logit - max). 16-bit softmax keeps those
+    // exps (one exp per element); fp32 keeps the logits and recomputes exp(logit - row max) on
+    // output, which rounds once instead of twice; log_softmax keeps the logits.
+    const bool keep_exps = sizeof(T) == 2 && (MASKED || !a.log);
+    A values[ITEMS][VEC];
+    A thread_max = neg_inf<A>();
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int c0 = slice.column(i);
       if (valid && c0 < cols && !ctx.hidden_from(c0)) {
-        A logits[VEC];
-        ctx.template logits<VEC>(a, c0, cur[i], logits);
-        op.template add<VEC>(partial, logits);
+        ctx.template logits<VEC>(a, c0, cur[i], values[i]);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) thread_max = nan_max(thread_max, values[i][j]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) values[i][j] = neg_inf<A>();
       }
     }
-    const MaxSum<A> total = row_reduce<G, CLUSTER>(partial, op, identity, scratch, &slots[parity]);
-    const RowStats<T> stats(total.max, total.sum);
+    const bool thread_empty = thread_max == neg_inf<A>();
+    const A thread_shift = thread_empty ? A(0) : thread_max;
+    A thread_sum = 0;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i)
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const A e = exp_acc<T>(values[i][j] - thread_shift);
+        thread_sum += e;
+        if (keep_exps) values[i][j] = e;
+      }
+    // The group's max and sum (two scalar reductions: cheaper than one of pairs), then with
+    // clusters one exchange of (max, sum) pairs between the blocks.
+    const A group_max = group_reduce<G>(thread_max, NanMaxOp{}, neg_inf<A>(), scratch);
+    const A rescaled = thread_empty ? A(0) : thread_sum * exp_acc<T>(thread_max - group_max);
+    const A group_sum = group_reduce<G>(rescaled, SumOp{}, A(0), scratch);
+    const MaxSum<A> total = cluster_reduce<CLUSTER>(MaxSum<A>{group_max, group_sum}, MaxSumOp<T>{}, identity,
+                                                    &slots[parity]);
+    const RowStats<T> stats(total.max, total.sum, MASKED || a.log);
+    // exp(logit - thread max) * factor = exp(logit - row max) / row sum
+    const A factor = thread_empty ? A(0) : exp_acc<T>(thread_max - stats.max) * stats.inv_sum;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int c0 = slice.column(i);
-      if (valid && c0 < cols) {
-        A logits[VEC];
-        if (ctx.hidden_from(c0)) {
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) logits[j] = neg_inf<A>();
-        } else {
-          ctx.template logits<VEC>(a, c0, cur[i], logits);
-        }
-        ctx.template store<VEC>(a, row, c0, logits, stats);
-      }
+      if (valid && c0 < cols) ctx.template store<VEC>(a, row, c0, values[i], stats, keep_exps, factor);
     }
     if (valid && Cursor::lane() == 0 && Cursor::rank() == 0) ctx.finish(a, row, stats);
   }
@@ -657,7 +673,7 @@ __global__ void __launch_bounds__(block_threads(G)) streamed_forward_kernel(Forw
     const A row_max = group_reduce<G>(max, MaxOp{}, neg_inf<A>(), scratch);
     sum = max == neg_inf<A>() ? A(0) : sum * exp_acc<T>(max - row_max);
     sum = group_reduce<G>(sum, SumOp{}, A(0), scratch);
-    const RowStats<T> stats(row_max, sum);
+    const RowStats<T> stats(row_max, sum, MASKED || a.log);
     stream_row<G, VEC, CACHE, false>(x, cache, cols, [&](int64_t c0, const AlignedVector<T, VEC>& v) {
       A logits[VEC];
       ctx.template logits<VEC>(a, c0, v, logits);
