@@ -6,8 +6,9 @@
 //   ITEMS vectors of VEC elements in registers in the storage type, so the row is read from HBM
 //   once. The grid is persistent (one resident wave) and software-pipelined: a group issues the
 //   loads of its next row before it reduces and writes the current one, so a row's reductions
-//   and barriers overlap the next row's memory latency. The forward reduces max and sum in one
-//   pass (per-thread online max + sum, then one reduction of (max, sum) pairs);
+//   and barriers overlap the next row's memory latency. The forward takes each thread's max and
+//   sum of exp(logit - that max) in one pass over its registers, so the group reduces the max
+//   and the rescaled sum back to back;
 // - cluster rows (sm_90, cols up to 16x that of a 512- or 1024-thread block): the row is split
 //   over a thread-block cluster of CLUSTER blocks, each keeping its slice in registers; the
 //   blocks combine their partials through distributed shared memory with one cluster barrier
@@ -417,11 +418,20 @@ template <typename T, bool MASKED> struct BackwardRow {
 // ---- register rows ---------------------------------------------------------------------------
 
 // Whether a register-row kernel prefetches the next row: unmasked rows do when the two copies of
-// the raw row data fit in kMaxPrefetchRegisters (not fp32 backward). Masked rows need registers
-// for the mask and the dropout generator; they rely on occupancy to hide latency instead.
-template <typename T, int ITEMS, int VEC, int TENSORS, bool MASKED>
+// the raw row data fit in kMaxPrefetchRegisters (not fp32 backward), except the backward in
+// 1024-thread blocks (64 registers a thread would spill). Masked rows need registers for the mask
+// and the dropout generator; they rely on occupancy to hide latency instead.
+template <typename T, int G, int ITEMS, int VEC, int TENSORS, bool MASKED>
 constexpr bool register_prefetch() {
-  return !MASKED && 2 * TENSORS * ITEMS * VEC * int(sizeof(T)) / 4 <= kMaxPrefetchRegisters;
+  return !MASKED && 2 * TENSORS * ITEMS * VEC * int(sizeof(T)) / 4 <= kMaxPrefetchRegisters &&
+         (TENSORS == 1 || block_threads(G) < 1024);
+}
+
+// Masked forward rows (no prefetch) hide latency with occupancy: they ask for at least 1024
+// resident threads per SM (64 registers a thread; left alone they take 70-93), which they fit
+// without spilling. The masked backward and masked cluster rows would spill: they are left free.
+__host__ __device__ constexpr int masked_min_blocks(int group, bool capped) {
+  return capped && block_threads(group) < 1024 ? 1024 / block_threads(group) : 1;
 }
 
 // The columns of a register row a thread owns: vector i starts at column(i). Register rows are
@@ -435,12 +445,13 @@ template <int G, int ITEMS, int VEC, int CLUSTER> struct RowSlice {
 };
 
 template <typename T, int G, int ITEMS, int VEC, bool MASKED, int CLUSTER>
-__global__ void __launch_bounds__(block_threads(G)) register_forward_kernel(ForwardArgs<T> a) {
+__global__ void __launch_bounds__(block_threads(G), masked_min_blocks(G, MASKED && CLUSTER == 1))
+    register_forward_kernel(ForwardArgs<T> a) {
   using A = acc_t<T>;
   using Cursor = RowCursor<G, CLUSTER>;
   using Vec = AlignedVector<T, VEC>;
   using Ctx = ForwardRow<T, MASKED>;
-  constexpr bool kPrefetch = register_prefetch<T, ITEMS, VEC, 1, MASKED>();
+  constexpr bool kPrefetch = register_prefetch<T, G, ITEMS, VEC, 1, MASKED>();
   const MaxSum<A> identity{neg_inf<A>(), A(0)};
   __shared__ A scratch[32];
   __shared__ MaxSum<A> slots[2];
@@ -533,7 +544,7 @@ __global__ void __launch_bounds__(block_threads(G)) register_backward_kernel(Bac
   using Cursor = RowCursor<G, CLUSTER>;
   using Vec = AlignedVector<T, VEC>;
   using Ctx = BackwardRow<T, MASKED>;
-  constexpr bool kPrefetch = register_prefetch<T, ITEMS, VEC, 2, MASKED>();
+  constexpr bool kPrefetch = register_prefetch<T, G, ITEMS, VEC, 2, MASKED>();
   __shared__ A scratch[32];
   __shared__ A slots[2];
   const RowSlice<G, ITEMS, VEC, CLUSTER> slice;
@@ -577,17 +588,21 @@ __global__ void __launch_bounds__(block_threads(G)) register_backward_kernel(Bac
     } else {
       load(row, ctx, cur_a, cur_dy);
     }
-    uint32_t keep[ITEMS];  // dropout bits, drawn once per row
+    // (y, g) of every vector (hidden vectors: 0, so dx = 0). Masked rows keep them through the
+    // reduction (remaking them costs mask reads, exps and Philox); plain rows remake them from
+    // the raw vectors, which take half the registers.
+    A y[ITEMS][VEC], g[ITEMS][VEC];
     A sum = 0;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int c0 = slice.column(i);
       if (valid && c0 < cols && !ctx.hidden_from(c0)) {
-        keep[i] = ctx.template keep<VEC>(a, row, c0);
-        A y[VEC], g[VEC];
-        ctx.template prepare<VEC>(a, c0, cur_a[i], cur_dy[i], keep[i], y, g);
+        ctx.template prepare<VEC>(a, c0, cur_a[i], cur_dy[i], ctx.template keep<VEC>(a, row, c0), y[i], g[i]);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) sum += ctx.partial(a, y[j], g[j]);
+        for (int j = 0; j < VEC; ++j) sum += ctx.partial(a, y[i][j], g[i][j]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) y[i][j] = g[i][j] = A(0);
       }
     }
     sum = row_reduce<G, CLUSTER>(sum, SumOp{}, A(0), scratch, &slots[parity]);
@@ -601,10 +616,9 @@ __global__ void __launch_bounds__(block_threads(G)) register_backward_kernel(Bac
 #pragma unroll
           for (int j = 0; j < VEC; ++j) v.val[j] = from_acc<T>(A(0));
         } else {
-          A y[VEC], g[VEC];
-          ctx.template prepare<VEC>(a, c0, cur_a[i], cur_dy[i], keep[i], y, g);
+          if constexpr (!MASKED) ctx.template prepare<VEC>(a, c0, cur_a[i], cur_dy[i], ~0u, y[i], g[i]);
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) v.val[j] = from_acc<T>(ctx.grad(a, y[j], g[j], sum));
+          for (int j = 0; j < VEC; ++j) v.val[j] = from_acc<T>(ctx.grad(a, y[i][j], g[i][j], sum));
         }
         store_vector<T, VEC>(dx + c0, v);
       }
