@@ -84,6 +84,9 @@ struct NanMaxOp {
   template <typename A> __device__ __forceinline__ A operator()(A a, A b) const { return nan_max(a, b); }
 };
 
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+
 // Combines the (max, sum) partials of a row's blocks (clusters).
 template <typename T> struct MaxSumOp {
   using A = acc_t<T>;
@@ -91,7 +94,8 @@ template <typename T> struct MaxSumOp {
   __device__ __forceinline__ MaxSum<A> operator()(MaxSum<A> p, MaxSum<A> q) const {
     const A m = nan_max(p.max, q.max);
     if (m == neg_inf<A>()) return {m, A(0)};
-    return {m, p.sum * exp_acc<T>(p.max - m) + q.sum * exp_acc<T>(q.max - m)};
+    // Products rounded on their own: an FMA would round p's and q's terms differently.
+    return {m, mul_rn(p.sum, exp_acc<T>(p.max - m)) + mul_rn(q.sum, exp_acc<T>(q.max - m))};
   }
 };
 
