@@ -431,11 +431,13 @@ constexpr bool register_prefetch() {
          (TENSORS == 1 || block_threads(G) < 1024);
 }
 
-// Masked forward rows (no prefetch) hide latency with occupancy: they ask for at least 1024
-// resident threads per SM (64 registers a thread; left alone they take 70-93), which they fit
-// without spilling. The masked backward and masked cluster rows would spill: they are left free.
+// Masked forward rows (no register prefetch) also hide latency with occupancy: they ask for at
+// least kMaskedThreadsPerSM resident threads (85 registers a thread; left alone they take up to
+// 93), which they fit without spilling. The masked backward and masked cluster rows would spill:
+// they are left free. 0 leaves ptxas its default (an explicit 1 changes its register choices).
+constexpr int kMaskedThreadsPerSM = 768;
 __host__ __device__ constexpr int masked_min_blocks(int group, bool capped) {
-  return capped && block_threads(group) < 1024 ? 1024 / block_threads(group) : 1;
+  return capped && block_threads(group) < kMaskedThreadsPerSM ? kMaskedThreadsPerSM / block_threads(group) : 0;
 }
 
 // The columns of a register row a thread owns: vector i starts at column(i). Register rows are
@@ -447,6 +449,25 @@ template <int G, int ITEMS, int VEC, int CLUSTER> struct RowSlice {
   }
   __device__ __forceinline__ int column(int i) const { return first + i * G * VEC; }
 };
+
+// Kernels that do not prefetch into registers ask the L2 for the next row instead (sm_90 bulk
+// prefetch, one instruction per group and tensor, no registers held): the block's slice of
+// the row, cut at the row's end and, with causal masking, after the last visible column.
+template <int G, int ITEMS, int VEC, int CLUSTER, typename T, class Args>
+__device__ __forceinline__ void prefetch_row_l2(const Args& a, const T* tensor, int64_t row_stride, int64_t row) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (row >= a.rows || RowCursor<G, CLUSTER>::lane() != 0) return;
+  int64_t end = a.cols;
+  if (a.causal) end = std::min<int64_t>(end, (row % a.q_len + VEC) / VEC * VEC);
+  const int64_t begin = static_cast<int64_t>(RowCursor<G, CLUSTER>::rank()) * G * ITEMS * VEC;
+  end = std::min<int64_t>(end, begin + G * ITEMS * VEC);
+  if (end <= begin) return;
+  // 16-byte multiples at 16-byte aligned addresses: register rows are vectorized rows.
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(tensor + row * row_stride + begin),
+               "r"(static_cast<uint32_t>((end - begin) * sizeof(T)))
+               : "memory");
+#endif
+}
 
 template <typename T, int G, int ITEMS, int VEC, bool MASKED, int CLUSTER>
 __global__ void __launch_bounds__(block_threads(G), masked_min_blocks(G, MASKED && CLUSTER == 1))
@@ -492,6 +513,7 @@ __global__ void __launch_bounds__(block_threads(G), masked_min_blocks(G, MASKED 
       load(next_row, next_ctx, next);
     } else {
       load(row, ctx, cur);
+      prefetch_row_l2<G, ITEMS, VEC, CLUSTER>(a, a.x, a.x_row_stride, Cursor::row(base + Cursor::step()));
     }
     // The thread's logits, then its max and sum of exp(logit - max). 16-bit softmax keeps those
     // exps (one exp per element); fp32 keeps the logits and recomputes exp(logit - row max) on
@@ -591,6 +613,9 @@ __global__ void __launch_bounds__(block_threads(G)) register_backward_kernel(Bac
       load(next_row, next_ctx, next_a, next_dy);
     } else {
       load(row, ctx, cur_a, cur_dy);
+      const int64_t next_row = Cursor::row(base + Cursor::step());
+      prefetch_row_l2<G, ITEMS, VEC, CLUSTER>(a, a.a, a.a_row_stride, next_row);
+      prefetch_row_l2<G, ITEMS, VEC, CLUSTER>(a, a.dy, a.dy_row_stride, next_row);
     }
     // (y, g) of every vector (hidden vectors: 0, so dx = 0). Masked rows keep them through the
     // reduction (remaking them costs mask reads, exps and Philox); plain rows remake them from
