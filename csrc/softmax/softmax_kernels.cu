@@ -84,8 +84,10 @@ struct NanMaxOp {
   template <typename A> __device__ __forceinline__ A operator()(A a, A b) const { return nan_max(a, b); }
 };
 
-__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+template <typename A> __device__ __forceinline__ A mul_rn(A a, A b) {
+  if constexpr (std::is_same<A, double>::value) return __dmul_rn(a, b);
+  else return __fmul_rn(a, b);
+}
 
 // Combines the (max, sum) partials of a row's blocks (clusters).
 template <typename T> struct MaxSumOp {
