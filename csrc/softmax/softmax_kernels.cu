@@ -443,7 +443,7 @@ __host__ __device__ constexpr int masked_min_blocks(int group, bool capped) {
 }
 
 // The columns of a register row a thread owns: vector i starts at column(i). Register rows are
-// at most kMaxCluster * 1024 * 32 columns long, so 32 bits index them.
+// at most kMaxCluster * 1024 * kRegisterElems columns long, so 32 bits index them.
 template <int G, int ITEMS, int VEC, int CLUSTER> struct RowSlice {
   int first;
   __device__ RowSlice() {
