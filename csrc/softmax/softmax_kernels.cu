@@ -329,11 +329,11 @@ template <typename T, bool MASKED> struct ForwardRow {
     for (int j = 0; j < VEC; ++j) out[j] = to_acc(x.val[j]) * a.scale;
     if constexpr (MASKED) mask.template apply<VEC>(c0, out);
   }
-  // Stores the outputs of columns c0 ... of `row` from their VEC logits, or with `exps` (never
+  // Stores the outputs of columns c0 ... of `row` from their VEC logits, or with kExps (never
   // for log_softmax) from exp(logit - m) for some m, whose probabilities are exps * factor.
-  template <int VEC>
+  template <int VEC, bool kExps = false>
   __device__ __forceinline__ void store(const ForwardArgs<T>& a, int64_t row, int64_t c0, const acc_t<T> (&values)[VEC],
-                                        const RowStats<T>& stats, bool exps = false, acc_t<T> factor = 0) const {
+                                        const RowStats<T>& stats, acc_t<T> factor = 0) const {
     AlignedVector<T, VEC> v;
     uint32_t keep = ~0u;
     if constexpr (MASKED) {
@@ -342,12 +342,14 @@ template <typename T, bool MASKED> struct ForwardRow {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       acc_t<T> y;
-      if (!MASKED && a.log) {
+      if (kExps) {
+        y = values[j] * factor;
+      } else if (!MASKED && a.log) {
         y = stats.log_prob(values[j]);
       } else {
-        y = exps ? values[j] * factor : stats.prob(values[j]);
-        if (MASKED && a.dropout) y = (keep >> j) & 1u ? y * a.keep_scale : acc_t<T>(0);
+        y = stats.prob(values[j]);
       }
+      if (MASKED && a.dropout) y = (keep >> j) & 1u ? y * a.keep_scale : acc_t<T>(0);
       v.val[j] = from_acc<T>(y);
     }
     store_vector<T, VEC>(a.out + row * a.cols + c0, v);
@@ -559,7 +561,13 @@ __global__ void __launch_bounds__(block_threads(G), masked_min_blocks(G, MASKED 
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int c0 = slice.column(i);
-      if (valid && c0 < cols) ctx.template store<VEC>(a, row, c0, values[i], stats, keep_exps, factor);
+      if (valid && c0 < cols) {
+        if (keep_exps) {
+          ctx.template store<VEC, true>(a, row, c0, values[i], stats, factor);
+        } else {
+          ctx.template store<VEC, false>(a, row, c0, values[i], stats);
+        }
+      }
     }
     if (valid && Cursor::lane() == 0 && Cursor::rank() == 0) ctx.finish(a, row, stats);
   }
