@@ -78,6 +78,10 @@ def masked_tables(report, quick):
                 impls = {"fusedops": fused, "eager": eager, "compile": try_compile(eager)}
                 _measure_fwd_bwd(report, f"masked_softmax {name}, dropout {p},", case, impls, x,
                                  2 * size + mask_bytes, 3 * size + mask_bytes)
+            # fusedops alone without dropout: the gap to the table above is the Philox cost
+            no_dropout = {"fusedops": lambda t, mask=mask: fusedops.masked_softmax(t, mask, scale=scale)}
+            _measure_fwd_bwd(report, "masked_softmax bool mask [B,1,L,L], no dropout,", case, no_dropout, x,
+                             2 * size + mask.numel(), 3 * size + mask.numel())
             del x, mask
 
 

@@ -209,6 +209,33 @@ def test_softmax_long_rows(shape, dtype, log):
     _check_softmax(shape, dtype, log)
 
 
+# Register and cluster rows run on a persistent grid (one resident wave) that loops over rows and
+# prefetches the next row: these have many more rows than the grid has groups, so every group
+# (and every cluster, alternating its two partial slots) handles many rows, and the last
+# iteration's prefetch runs past the end. Row lengths at the boundaries of each path (16-bit /
+# fp32): 8192 (one 512-thread block), 8200 (cluster of 2, last block mostly empty), 131072
+# (16 blocks of 512), 131080 (16 blocks of 1024), 262144 (16 full blocks of 1024), 262152
+# (streamed).
+PERSISTENT_SHAPES = [(70000, 256), (20000, 1024), (3000, 8192), (1500, 8200), (600, 32768), (300, 65536),
+                     (60, 131072), (40, 131080), (30, 262144), (12, 262152)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", PERSISTENT_SHAPES, ids=str)
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_rows_loop(shape, dtype, log):
+    _check_softmax(shape, dtype, log, scale=1.3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_masked_rows_loop(causal):
+    """Masked rows loop too (without prefetch): many rows per group, bool mask, dropout off."""
+    x = torch.randn(4, 64, 96, 1024, dtype=torch.bfloat16, device="cuda")
+    _check_masked(x, _keep_mask((4, 1, 96, 1024)), 0.125, causal)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("log", [False, True])
 def test_softmax_float64(log):
@@ -218,7 +245,10 @@ def test_softmax_float64(log):
 
 @pytest.mark.gpu
 @pytest.mark.sanitizer
-@pytest.mark.parametrize("shape", [(3, 7), (5, 64), (4, 1024), (2, 4096), (2, 20000), (1, 70000)], ids=str)
+# (600, 128) and (300, 20000): more rows than the persistent grid holds, so groups and clusters
+# loop (cluster partial slots reused, prefetch past the last row).
+@pytest.mark.parametrize("shape", [(3, 7), (5, 64), (4, 1024), (2, 4096), (2, 20000), (1, 70000), (6000, 128),
+                                   (300, 20000)], ids=str)
 def test_softmax_small_cases_sanitizer(shape):
     for log in (False, True):
         _check_softmax(shape, torch.float16, log)

@@ -3,10 +3,16 @@
 //
 // Row strategies:
 // - register rows (cols <= G * ITEMS * VEC, 16-byte aligned rows): each thread keeps its
-//   ITEMS vectors of VEC elements in registers as fp32, so the row is read from HBM once;
-// - cluster rows (sm_90, cols up to 16x that of a 1024-thread block): the row is split over a
-//   thread-block cluster of CLUSTER blocks, each keeping its slice in registers; the blocks
-//   combine their max and sum through distributed shared memory, so the row is still read once;
+//   ITEMS vectors of VEC elements in registers in the storage type, so the row is read from HBM
+//   once. The grid is persistent (one resident wave) and software-pipelined: a group issues the
+//   loads of its next row before it reduces and writes the current one, so a row's reductions
+//   and barriers overlap the next row's memory latency. The forward takes each thread's max and
+//   sum of exp(logit - that max) in one pass over its registers, so the group reduces the max
+//   and the rescaled sum back to back;
+// - cluster rows (sm_90, cols up to 16x that of a 512- or 1024-thread block): the row is split
+//   over a thread-block cluster of CLUSTER blocks, each keeping its slice in registers; the
+//   blocks combine their partials through distributed shared memory with one cluster barrier
+//   per row, so the row is still read once;
 // - streamed rows (longer rows, odd sizes, unaligned views, fp64): two passes over the row, an
 //   online max + sum (or the backward's dot product) and then the output. The first pass may
 //   stage the row in shared memory (CACHE) so the second reads it from there; otherwise the
@@ -33,7 +39,13 @@ namespace {
 namespace cg = cooperative_groups;
 
 constexpr int kSmallGroupBlock = 128;  // block size when a row takes at most one warp
-constexpr int kRegisterElems = 16;     // elements of a row one thread keeps in registers
+// Elements of a row one thread keeps in registers (per tensor). 32 for 16-bit rows halves the
+// blocks per row but takes ~75 registers (one 512-thread block per SM instead of two): no gain.
+constexpr int kRegisterElems = 16;
+// Registers of raw row data (current + prefetched row) above which a kernel would exceed 64
+// registers a thread (two 512-thread blocks per SM): such kernels load each row when they reach
+// it and hide latency with the second block instead.
+constexpr int kMaxPrefetchRegisters = 40;
 constexpr int kStreamUnroll = 4;       // vectors loaded before any is used in streamed rows
 constexpr int kStreamThreads = 512;    // threads per row for long streamed rows (128 registers each)
 // Cluster rows use 512-thread blocks, two per SM, so one block's loads overlap the other's
@@ -59,13 +71,60 @@ template <typename T> __device__ __forceinline__ acc_t<T> exp_acc(acc_t<T> v) {
 __device__ __forceinline__ float log_acc(float v) { return logf(v); }
 __device__ __forceinline__ double log_acc(double v) { return log(v); }
 
-template <int G, typename A, class Op>
-__device__ __forceinline__ A group_reduce(A value, Op op, A identity, A* scratch) {
-  if constexpr (G <= 32) {
-    return warp_reduce<G>(value, op);
-  } else {
-    return block_reduce(value, op, identity, scratch);
+// A block's max and sum of exp(logit - max) of a row, combined across a cluster's blocks.
+template <typename A> struct MaxSum {
+  A max;
+  A sum;
+};
+
+// max that lets a NaN through, so a NaN logit makes its row NaN, as in torch.
+template <typename A> __device__ __forceinline__ A nan_max(A a, A b) { return (a > b || a != a) ? a : b; }
+
+struct NanMaxOp {
+  template <typename A> __device__ __forceinline__ A operator()(A a, A b) const { return nan_max(a, b); }
+};
+
+template <typename A> __device__ __forceinline__ A mul_rn(A a, A b) {
+  if constexpr (std::is_same<A, double>::value) return __dmul_rn(a, b);
+  else return __fmul_rn(a, b);
+}
+
+// Combines the (max, sum) partials of a row's blocks (clusters).
+template <typename T> struct MaxSumOp {
+  using A = acc_t<T>;
+  // Commutative bit for bit, so every lane (and every block of a cluster) agrees on the result.
+  __device__ __forceinline__ MaxSum<A> operator()(MaxSum<A> p, MaxSum<A> q) const {
+    const A m = nan_max(p.max, q.max);
+    if (m == neg_inf<A>()) return {m, A(0)};
+    // Products rounded on their own: an FMA would round p's and q's terms differently.
+    return {m, mul_rn(p.sum, exp_acc<T>(p.max - m)) + mul_rn(q.sum, exp_acc<T>(q.max - m))};
   }
+};
+
+template <typename A> __device__ __forceinline__ A shfl_xor(A v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
+template <typename A> __device__ __forceinline__ MaxSum<A> shfl_xor(MaxSum<A> v, int mask) {
+  return {shfl_xor(v.max, mask), shfl_xor(v.sum, mask)};
+}
+
+// Warp and block reductions of a value that may be a MaxSum pair (common/reduce.cuh's take a
+// scalar); same shape: every lane ends with the result, the same bits in every lane.
+template <int W, typename V, class Op> __device__ __forceinline__ V warp_all_reduce(V value, Op op) {
+#pragma unroll
+  for (int mask = W / 2; mask > 0; mask /= 2) value = op(value, shfl_xor(value, mask));
+  return value;
+}
+
+template <int G, typename V, class Op>
+__device__ __forceinline__ V group_reduce(V value, Op op, V identity, V* scratch) {
+  value = warp_all_reduce<G <= 32 ? G : 32>(value, op);
+  if constexpr (G > 32) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    if (lane == 0) scratch[warp] = value;
+    __syncthreads();
+    value = warp_all_reduce<32>(lane < G / 32 ? scratch[lane] : identity, op);
+    __syncthreads();  // scratch may be reused once this returns
+  }
+  return value;
 }
 
 // The rows a group visits: a grid-stride loop whose trip count is uniform across the block (and
@@ -84,23 +143,28 @@ template <int G, int CLUSTER = 1> struct RowCursor {
 // Reduces over the whole row: the group, then with CLUSTER > 1 the cluster's blocks, each block
 // publishing its value in `slot` (its own shared memory) and reading every block's through
 // distributed shared memory. All blocks combine the values in the same order, so they agree
-// bit for bit. A slot is rewritten only after the next cluster barrier, once every block has
-// read it; the kernel ends with a cluster barrier so no block exits while its slot is read.
-template <int G, int CLUSTER, typename A, class Op>
-__device__ __forceinline__ A row_reduce(A value, Op op, A identity, A* scratch, A* slot) {
-  value = group_reduce<G>(value, op, identity, scratch);
+// bit for bit. Consecutive rows alternate between two slots: a slot is rewritten two rows
+// later, after the next row's cluster barrier, which every block passes only once it has read
+// the slot; the kernel ends with a cluster barrier so no block exits while its slot is read.
+template <int CLUSTER, typename V, class Op>
+__device__ __forceinline__ V cluster_reduce(V value, Op op, V identity, V* slot) {
   if constexpr (CLUSTER > 1) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
     cg::cluster_group cluster = cg::this_cluster();
     if (threadIdx.x == 0) *slot = value;
     cluster.sync();
     const int lane = threadIdx.x % 32;
-    value = warp_reduce(lane < CLUSTER ? *cluster.map_shared_rank(slot, lane) : identity, op);
+    value = warp_all_reduce<32>(lane < CLUSTER ? *cluster.map_shared_rank(slot, lane) : identity, op);
 #else
     __trap();  // the host picks cluster rows only on sm_90 devices, which run sm_90 code
 #endif
   }
   return value;
+}
+
+template <int G, int CLUSTER, typename V, class Op>
+__device__ __forceinline__ V row_reduce(V value, Op op, V identity, V* scratch, V* slot) {
+  return cluster_reduce<CLUSTER>(group_reduce<G>(value, op, identity, scratch), op, identity, slot);
 }
 
 template <int CLUSTER> __device__ __forceinline__ void cluster_exit_barrier() {
@@ -115,10 +179,13 @@ template <int CLUSTER> __device__ __forceinline__ void cluster_exit_barrier() {
 template <typename T, typename A = acc_t<T>> struct RowStats {
   A max;      // 0 for a row with no finite logit, so exp(-inf - max) = 0
   A inv_sum;  // 0 for a fully masked row: its probabilities are 0
-  A log_sum;
+  A log_sum;   // only with `logs` (log_softmax, or the masked lse): the log costs ~20 instructions
   bool empty;  // NaN sums (a +inf or NaN logit) are not empty: NaN propagates as in torch
-  __device__ RowStats(A m, A s)
-      : max(m == neg_inf<A>() ? A(0) : m), inv_sum(s == A(0) ? A(0) : A(1) / s), log_sum(log_acc(s)), empty(s == A(0)) {}
+  __device__ RowStats(A m, A s, bool logs)
+      : max(m == neg_inf<A>() ? A(0) : m),
+        inv_sum(s == A(0) ? A(0) : A(1) / s),
+        log_sum(logs ? log_acc(s) : A(0)),
+        empty(s == A(0)) {}
   __device__ A prob(A logit) const { return exp_acc<T>(logit - max) * inv_sum; }
   __device__ A log_prob(A logit) const { return empty ? neg_inf<A>() : logit - max - log_sum; }
   // Log-sum-exp saved for the backward: +inf for a fully masked row, so exp(logit - lse) = 0.
@@ -164,16 +231,34 @@ template <typename T> struct MaskRow {
   }
 };
 
-template <typename T>
-__device__ __forceinline__ MaskRow<T> mask_row(const MaskLayout& m, int64_t row, int64_t q_len, bool causal) {
-  const int64_t elem_bytes = m.kind == MaskKind::Bool ? 1 : static_cast<int64_t>(sizeof(T));
-  int64_t offset = 0, rest = row;
+// The mask offset (in elements) and causal limit of a row, in index type I: 32-bit division is
+// several times cheaper than 64-bit, and this runs once per row in every thread of the group.
+template <typename I>
+__device__ __forceinline__ void locate_row(const MaskLayout& m, I row, I q_len, int64_t& offset, int64_t& query) {
+  offset = 0;
+  I rest = row;
 #pragma unroll
   for (int d = kMaxLeadDims - 1; d >= 0; --d) {
-    offset += (rest % m.lead_sizes[d]) * m.lead_strides[d];
-    rest /= m.lead_sizes[d];
+    const I size = static_cast<I>(m.lead_sizes[d]);
+    if (size == 1) continue;  // padding dims and dims the input does not have
+    offset += static_cast<int64_t>(rest % size) * m.lead_strides[d];
+    rest /= size;
   }
-  const int64_t last_visible = causal ? row % q_len : std::numeric_limits<int64_t>::max();
+  query = static_cast<int64_t>(row % q_len);
+}
+
+template <typename T>
+__device__ __forceinline__ MaskRow<T> mask_row(const MaskLayout& m, int64_t row, int64_t rows, int64_t q_len,
+                                               bool causal) {
+  const int64_t elem_bytes = m.kind == MaskKind::Bool ? 1 : static_cast<int64_t>(sizeof(T));
+  int64_t offset, query;
+  // Every lead size and q_len divides into `rows`, so 32 bits hold them all when they hold rows.
+  if (rows <= int64_t(UINT32_MAX)) {
+    locate_row<uint32_t>(m, static_cast<uint32_t>(row), static_cast<uint32_t>(q_len), offset, query);
+  } else {
+    locate_row<int64_t>(m, row, q_len, offset, query);
+  }
+  const int64_t last_visible = causal ? query : std::numeric_limits<int64_t>::max();
   return {static_cast<const char*>(m.data) + offset * elem_bytes, m.col_stride * elem_bytes, last_visible, m.kind};
 }
 
@@ -228,7 +313,7 @@ template <typename T, bool MASKED> struct ForwardRow {
   PhiloxKey key;
   __device__ ForwardRow(const ForwardArgs<T>& a, int64_t row) {
     if constexpr (MASKED) {
-      mask = mask_row<T>(a.mask, row, a.q_len, a.causal);
+      mask = mask_row<T>(a.mask, row, a.rows, a.q_len, a.causal);
       if (a.dropout) key = unpack_philox(a.philox);
     }
   }
@@ -244,11 +329,11 @@ template <typename T, bool MASKED> struct ForwardRow {
     for (int j = 0; j < VEC; ++j) out[j] = to_acc(x.val[j]) * a.scale;
     if constexpr (MASKED) mask.template apply<VEC>(c0, out);
   }
-  // Stores the outputs of VEC elements starting at col c0 of `row`. `values` are logits, or with
-  // kExps (and never for log_softmax) the exp(logit - stats.max) already computed.
-  template <int VEC, bool kExps>
+  // Stores the outputs of columns c0 ... of `row` from their VEC logits, or with kExps (never
+  // for log_softmax) from exp(logit - m) for some m, whose probabilities are exps * factor.
+  template <int VEC, bool kExps = false>
   __device__ __forceinline__ void store(const ForwardArgs<T>& a, int64_t row, int64_t c0, const acc_t<T> (&values)[VEC],
-                        const RowStats<T>& stats) const {
+                                        const RowStats<T>& stats, acc_t<T> factor = 0) const {
     AlignedVector<T, VEC> v;
     uint32_t keep = ~0u;
     if constexpr (MASKED) {
@@ -257,12 +342,14 @@ template <typename T, bool MASKED> struct ForwardRow {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       acc_t<T> y;
-      if (!MASKED && a.log) {
+      if (kExps) {
+        y = values[j] * factor;
+      } else if (!MASKED && a.log) {
         y = stats.log_prob(values[j]);
       } else {
-        y = (kExps ? values[j] * stats.inv_sum : stats.prob(values[j]));
-        if (MASKED && a.dropout) y = (keep >> j) & 1u ? y * a.keep_scale : acc_t<T>(0);
+        y = stats.prob(values[j]);
       }
+      if (MASKED && a.dropout) y = (keep >> j) & 1u ? y * a.keep_scale : acc_t<T>(0);
       v.val[j] = from_acc<T>(y);
     }
     store_vector<T, VEC>(a.out + row * a.cols + c0, v);
@@ -289,7 +376,7 @@ template <typename T, bool MASKED> struct BackwardRow {
   acc_t<T> lse;
   __device__ BackwardRow(const BackwardArgs<T>& a, int64_t row, bool valid) {
     if constexpr (MASKED) {
-      mask = mask_row<T>(a.mask, row, a.q_len, a.causal);
+      mask = mask_row<T>(a.mask, row, a.rows, a.q_len, a.causal);
       lse = valid ? a.lse[row] : pos_inf<acc_t<T>>();
       if (a.dropout) key = {static_cast<uint64_t>(a.rng_state[0]), static_cast<uint64_t>(a.rng_state[1])};
     }
@@ -298,11 +385,19 @@ template <typename T, bool MASKED> struct BackwardRow {
     if constexpr (MASKED) return mask.hidden_from(c0);
     return false;
   }
+  // Dropout bits of columns c0 ... of `row` (all kept without dropout).
   template <int VEC>
-  __device__ __forceinline__ void prepare(const BackwardArgs<T>& a, int64_t row, int64_t c0, const AlignedVector<T, VEC>& va,
-                          const AlignedVector<T, VEC>& vdy, acc_t<T> (&y)[VEC], acc_t<T> (&g)[VEC]) const {
+  __device__ __forceinline__ uint32_t keep(const BackwardArgs<T>& a, int64_t row, int64_t c0) const {
     if constexpr (MASKED) {
-      const uint32_t keep = a.dropout ? keep_bits<VEC>(key, a.threshold, row * a.cols + c0) : ~0u;
+      if (a.dropout) return keep_bits<VEC>(key, a.threshold, row * a.cols + c0);
+    }
+    return ~0u;
+  }
+  template <int VEC>
+  __device__ __forceinline__ void prepare(const BackwardArgs<T>& a, int64_t c0, const AlignedVector<T, VEC>& va,
+                                          const AlignedVector<T, VEC>& vdy, uint32_t keep, acc_t<T> (&y)[VEC],
+                                          acc_t<T> (&g)[VEC]) const {
+    if constexpr (MASKED) {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) y[j] = to_acc(va.val[j]) * a.scale;
       mask.template apply<VEC>(c0, y);
@@ -330,61 +425,151 @@ template <typename T, bool MASKED> struct BackwardRow {
 
 // ---- register rows ---------------------------------------------------------------------------
 
+// Whether a register-row kernel prefetches the next row: unmasked rows do when the two copies of
+// the raw row data fit in kMaxPrefetchRegisters (not fp32 backward), except the backward in
+// 1024-thread blocks (64 registers a thread would spill). Masked rows need registers for the mask
+// and the dropout generator; they rely on occupancy to hide latency instead.
+template <typename T, int G, int ITEMS, int VEC, int TENSORS, bool MASKED>
+constexpr bool register_prefetch() {
+  return !MASKED && 2 * TENSORS * ITEMS * VEC * int(sizeof(T)) / 4 <= kMaxPrefetchRegisters &&
+         (TENSORS == 1 || block_threads(G) < 1024);
+}
+
+// Masked forward rows (no register prefetch) also hide latency with occupancy: they ask for at
+// least kMaskedThreadsPerSM resident threads (85 registers a thread; left alone they take up to
+// 93), which they fit without spilling. The masked backward and masked cluster rows would spill:
+// they are left free. 0 leaves ptxas its default (an explicit 1 changes its register choices).
+constexpr int kMaskedThreadsPerSM = 768;
+__host__ __device__ constexpr int masked_min_blocks(int group, bool capped) {
+  return capped && block_threads(group) < kMaskedThreadsPerSM ? kMaskedThreadsPerSM / block_threads(group) : 0;
+}
+
+// The columns of a register row a thread owns: vector i starts at column(i). Register rows are
+// at most kMaxCluster * 1024 * kRegisterElems columns long, so 32 bits index them.
+template <int G, int ITEMS, int VEC, int CLUSTER> struct RowSlice {
+  int first;
+  __device__ RowSlice() {
+    first = (RowCursor<G, CLUSTER>::rank() * G * ITEMS + RowCursor<G, CLUSTER>::lane()) * VEC;
+  }
+  __device__ __forceinline__ int column(int i) const { return first + i * G * VEC; }
+};
+
+// Kernels that do not prefetch into registers ask the L2 for the next row instead (sm_90 bulk
+// prefetch, one instruction per group and tensor, no registers held): the block's slice of
+// the row, cut at the row's end and, with causal masking, after the last visible column.
+template <int G, int ITEMS, int VEC, int CLUSTER, typename T, class Args>
+__device__ __forceinline__ void prefetch_row_l2(const Args& a, const T* tensor, int64_t row_stride, int64_t row) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (row >= a.rows || RowCursor<G, CLUSTER>::lane() != 0) return;
+  int64_t end = a.cols;
+  if (a.causal) end = std::min<int64_t>(end, (row % a.q_len + VEC) / VEC * VEC);
+  const int64_t begin = static_cast<int64_t>(RowCursor<G, CLUSTER>::rank()) * G * ITEMS * VEC;
+  end = std::min<int64_t>(end, begin + G * ITEMS * VEC);
+  if (end <= begin) return;
+  // 16-byte multiples at 16-byte aligned addresses: register rows are vectorized rows.
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(tensor + row * row_stride + begin),
+               "r"(static_cast<uint32_t>((end - begin) * sizeof(T)))
+               : "memory");
+#endif
+}
+
 template <typename T, int G, int ITEMS, int VEC, bool MASKED, int CLUSTER>
-__global__ void __launch_bounds__(block_threads(G)) register_forward_kernel(ForwardArgs<T> a) {
+__global__ void __launch_bounds__(block_threads(G), masked_min_blocks(G, MASKED && CLUSTER == 1))
+    register_forward_kernel(ForwardArgs<T> a) {
   using A = acc_t<T>;
   using Cursor = RowCursor<G, CLUSTER>;
+  using Vec = AlignedVector<T, VEC>;
+  using Ctx = ForwardRow<T, MASKED>;
+  constexpr bool kPrefetch = register_prefetch<T, G, ITEMS, VEC, 1, MASKED>();
+  const MaxSum<A> identity{neg_inf<A>(), A(0)};
   __shared__ A scratch[32];
-  __shared__ A slots[2];
-  const int lane = Cursor::lane();
-  const int64_t slice = static_cast<int64_t>(Cursor::rank()) * G * ITEMS * VEC;
-  for (int64_t base = Cursor::first(); base < a.rows; base += Cursor::step()) {
-    const int64_t row = Cursor::row(base);
-    const bool valid = row < a.rows;
-    const ForwardRow<T, MASKED> ctx(a, valid ? row : 0);
-    A logits[ITEMS][VEC];
-    A max = neg_inf<A>();
+  __shared__ MaxSum<A> slots[2];
+  const RowSlice<G, ITEMS, VEC, CLUSTER> slice;
+  // Loads the thread's vectors of a row; none of a row past the end, none past the row's end,
+  // none hidden by the causal mask (their probabilities are 0).
+  const int cols = static_cast<int>(a.cols);
+  auto load = [&](int64_t row, const Ctx& ctx, Vec (&v)[ITEMS]) {
+    if (row >= a.rows) return;
+    const T* x = a.x + row * a.x_row_stride;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
-      const int64_t c0 = slice + static_cast<int64_t>(i * G + lane) * VEC;
-      // Vectors hidden by the causal mask are not read: their probabilities are 0.
-      if (valid && c0 < a.cols && !ctx.hidden_from(c0)) {
-        const auto v = load_vector<T, VEC>(a.x + row * a.x_row_stride + c0);
-        ctx.template logits<VEC>(a, c0, v, logits[i]);
+      const int c0 = slice.column(i);
+      if (c0 < cols && !ctx.hidden_from(c0)) v[i] = load_vector<T, VEC>(x + c0);
+    }
+  };
+  auto context = [&](int64_t row) { return Ctx(a, row < a.rows ? row : 0); };
+  int64_t base = Cursor::first();
+  Vec next[ITEMS] = {};
+  Ctx next_ctx = context(Cursor::row(base));  // the prefetched row's
+  if constexpr (kPrefetch) load(Cursor::row(base), next_ctx, next);
+  for (int parity = 0; base < a.rows; base += Cursor::step(), parity ^= 1) {
+    const int64_t row = Cursor::row(base);
+    const bool valid = row < a.rows;
+    // Without prefetch the context is made here, so only one row's is live.
+    const Ctx ctx = kPrefetch ? next_ctx : context(row);
+    Vec cur[ITEMS];
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) max = logits[i][j] > max ? logits[i][j] : max;
+    for (int i = 0; i < ITEMS; ++i) cur[i] = next[i];
+    if constexpr (kPrefetch) {
+      // The next row's loads stay in flight through this row's reductions and stores.
+      const int64_t next_row = Cursor::row(base + Cursor::step());
+      next_ctx = context(next_row);
+      load(next_row, next_ctx, next);
+    } else {
+      load(row, ctx, cur);
+      prefetch_row_l2<G, ITEMS, VEC, CLUSTER>(a, a.x, a.x_row_stride, Cursor::row(base + Cursor::step()));
+    }
+    // The thread's logits, then its max and sum of exp(logit - max). 16-bit softmax keeps those
+    // exps (one exp per element); fp32 keeps the logits and recomputes exp(logit - row max) on
+    // output, which rounds once instead of twice; log_softmax keeps the logits.
+    const bool keep_exps = sizeof(T) == 2 && (MASKED || !a.log);
+    A values[ITEMS][VEC];
+    A thread_max = neg_inf<A>();
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int c0 = slice.column(i);
+      if (valid && c0 < cols && !ctx.hidden_from(c0)) {
+        ctx.template logits<VEC>(a, c0, cur[i], values[i]);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) thread_max = nan_max(thread_max, values[i][j]);
       } else {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) logits[i][j] = neg_inf<A>();
+        for (int j = 0; j < VEC; ++j) values[i][j] = neg_inf<A>();
       }
     }
-    max = row_reduce<G, CLUSTER>(max, MaxOp{}, neg_inf<A>(), scratch, &slots[0]);
-    const A shift = max == neg_inf<A>() ? A(0) : max;
-    // softmax keeps exp(logit - max) in place of the logit; log_softmax keeps the logit.
-    const bool keep_exps = MASKED || !a.log;
-    A sum = 0;
+    const bool thread_empty = thread_max == neg_inf<A>();
+    const A thread_shift = thread_empty ? A(0) : thread_max;
+    A thread_sum = 0;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i)
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const A e = exp_acc<T>(logits[i][j] - shift);
-        sum += e;
-        if (keep_exps) logits[i][j] = e;
+        const A e = exp_acc<T>(values[i][j] - thread_shift);
+        thread_sum += e;
+        if (keep_exps) values[i][j] = e;
       }
-    sum = row_reduce<G, CLUSTER>(sum, SumOp{}, A(0), scratch, &slots[1]);
-    const RowStats<T> stats(max, sum);
+    // The group's max and sum (two scalar reductions: cheaper than one of pairs), then with
+    // clusters one exchange of (max, sum) pairs between the blocks.
+    const A group_max = group_reduce<G>(thread_max, NanMaxOp{}, neg_inf<A>(), scratch);
+    const A rescaled = thread_empty ? A(0) : thread_sum * exp_acc<T>(thread_max - group_max);
+    const A group_sum = group_reduce<G>(rescaled, SumOp{}, A(0), scratch);
+    const MaxSum<A> total = cluster_reduce<CLUSTER>(MaxSum<A>{group_max, group_sum}, MaxSumOp<T>{}, identity,
+                                                    &slots[parity]);
+    const RowStats<T> stats(total.max, total.sum, MASKED || a.log);
+    // exp(logit - thread max) * factor = exp(logit - row max) / row sum
+    const A factor = thread_empty ? A(0) : exp_acc<T>(thread_max - stats.max) * stats.inv_sum;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
-      const int64_t c0 = slice + static_cast<int64_t>(i * G + lane) * VEC;
-      if (valid && c0 < a.cols) {
+      const int c0 = slice.column(i);
+      if (valid && c0 < cols) {
         if (keep_exps) {
-          ctx.template store<VEC, true>(a, row, c0, logits[i], stats);
+          ctx.template store<VEC, true>(a, row, c0, values[i], stats, factor);
         } else {
-          ctx.template store<VEC, false>(a, row, c0, logits[i], stats);
+          ctx.template store<VEC, false>(a, row, c0, values[i], stats);
         }
       }
     }
-    if (valid && lane == 0 && Cursor::rank() == 0) ctx.finish(a, row, stats);
+    if (valid && Cursor::lane() == 0 && Cursor::rank() == 0) ctx.finish(a, row, stats);
   }
   cluster_exit_barrier<CLUSTER>();
 }
@@ -393,24 +578,65 @@ template <typename T, int G, int ITEMS, int VEC, bool MASKED, int CLUSTER>
 __global__ void __launch_bounds__(block_threads(G)) register_backward_kernel(BackwardArgs<T> a) {
   using A = acc_t<T>;
   using Cursor = RowCursor<G, CLUSTER>;
+  using Vec = AlignedVector<T, VEC>;
+  using Ctx = BackwardRow<T, MASKED>;
+  constexpr bool kPrefetch = register_prefetch<T, G, ITEMS, VEC, 2, MASKED>();
   __shared__ A scratch[32];
-  __shared__ A slots[1];
-  const int lane = Cursor::lane();
-  const int64_t slice = static_cast<int64_t>(Cursor::rank()) * G * ITEMS * VEC;
-  for (int64_t base = Cursor::first(); base < a.rows; base += Cursor::step()) {
+  __shared__ A slots[2];
+  const RowSlice<G, ITEMS, VEC, CLUSTER> slice;
+  // Loads the thread's vectors of both tensors; vectors hidden by the causal mask are not read
+  // (y = 0 there, so dx = 0).
+  const int cols = static_cast<int>(a.cols);
+  auto load = [&](int64_t row, const Ctx& ctx, Vec (&va)[ITEMS], Vec (&vdy)[ITEMS]) {
+    if (row >= a.rows) return;
+    const T* src_a = a.a + row * a.a_row_stride;
+    const T* src_dy = a.dy + row * a.dy_row_stride;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int c0 = slice.column(i);
+      if (c0 < cols && !ctx.hidden_from(c0)) {
+        va[i] = load_vector<T, VEC>(src_a + c0);
+        vdy[i] = load_vector<T, VEC>(src_dy + c0);
+      }
+    }
+  };
+  auto context = [&](int64_t row) { return Ctx(a, row < a.rows ? row : 0, row < a.rows); };
+  int64_t base = Cursor::first();
+  Vec next_a[ITEMS] = {}, next_dy[ITEMS] = {};
+  Ctx next_ctx = context(Cursor::row(base));  // the prefetched row's
+  if constexpr (kPrefetch) load(Cursor::row(base), next_ctx, next_a, next_dy);
+  for (int parity = 0; base < a.rows; base += Cursor::step(), parity ^= 1) {
     const int64_t row = Cursor::row(base);
     const bool valid = row < a.rows;
-    const BackwardRow<T, MASKED> ctx(a, valid ? row : 0, valid);
+    // Without prefetch the context is made here, so only one row's is live.
+    const Ctx ctx = kPrefetch ? next_ctx : context(row);
+    Vec cur_a[ITEMS], cur_dy[ITEMS];
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      cur_a[i] = next_a[i];
+      cur_dy[i] = next_dy[i];
+    }
+    if constexpr (kPrefetch) {
+      // The next row's loads stay in flight through this row's reduction and stores.
+      const int64_t next_row = Cursor::row(base + Cursor::step());
+      next_ctx = context(next_row);
+      load(next_row, next_ctx, next_a, next_dy);
+    } else {
+      load(row, ctx, cur_a, cur_dy);
+      const int64_t next_row = Cursor::row(base + Cursor::step());
+      prefetch_row_l2<G, ITEMS, VEC, CLUSTER>(a, a.a, a.a_row_stride, next_row);
+      prefetch_row_l2<G, ITEMS, VEC, CLUSTER>(a, a.dy, a.dy_row_stride, next_row);
+    }
+    // (y, g) of every vector (hidden vectors: 0, so dx = 0). Masked rows keep them through the
+    // reduction (remaking them costs mask reads, exps and Philox); plain rows remake them from
+    // the raw vectors, which take half the registers.
     A y[ITEMS][VEC], g[ITEMS][VEC];
     A sum = 0;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
-      const int64_t c0 = slice + static_cast<int64_t>(i * G + lane) * VEC;
-      // Vectors hidden by the causal mask are not read: y = 0 there, so dx = 0.
-      if (valid && c0 < a.cols && !ctx.hidden_from(c0)) {
-        const auto va = load_vector<T, VEC>(a.a + row * a.a_row_stride + c0);
-        const auto vdy = load_vector<T, VEC>(a.dy + row * a.dy_row_stride + c0);
-        ctx.template prepare<VEC>(a, row, c0, va, vdy, y[i], g[i]);
+      const int c0 = slice.column(i);
+      if (valid && c0 < cols && !ctx.hidden_from(c0)) {
+        ctx.template prepare<VEC>(a, c0, cur_a[i], cur_dy[i], ctx.template keep<VEC>(a, row, c0), y[i], g[i]);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) sum += ctx.partial(a, y[i][j], g[i][j]);
       } else {
@@ -418,15 +644,22 @@ __global__ void __launch_bounds__(block_threads(G)) register_backward_kernel(Bac
         for (int j = 0; j < VEC; ++j) y[i][j] = g[i][j] = A(0);
       }
     }
-    sum = row_reduce<G, CLUSTER>(sum, SumOp{}, A(0), scratch, &slots[0]);
+    sum = row_reduce<G, CLUSTER>(sum, SumOp{}, A(0), scratch, &slots[parity]);
+    T* dx = a.dx + row * a.cols;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
-      const int64_t c0 = slice + static_cast<int64_t>(i * G + lane) * VEC;
-      if (valid && c0 < a.cols) {
-        AlignedVector<T, VEC> v;
+      const int c0 = slice.column(i);
+      if (valid && c0 < cols) {
+        Vec v;
+        if (ctx.hidden_from(c0)) {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) v.val[j] = from_acc<T>(ctx.grad(a, y[i][j], g[i][j], sum));
-        store_vector<T, VEC>(a.dx + row * a.cols + c0, v);
+          for (int j = 0; j < VEC; ++j) v.val[j] = from_acc<T>(A(0));
+        } else {
+          if constexpr (!MASKED) ctx.template prepare<VEC>(a, c0, cur_a[i], cur_dy[i], ~0u, y[i], g[i]);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) v.val[j] = from_acc<T>(ctx.grad(a, y[i][j], g[i][j], sum));
+        }
+        store_vector<T, VEC>(dx + c0, v);
       }
     }
   }
@@ -493,11 +726,11 @@ __global__ void __launch_bounds__(block_threads(G)) streamed_forward_kernel(Forw
     const A row_max = group_reduce<G>(max, MaxOp{}, neg_inf<A>(), scratch);
     sum = max == neg_inf<A>() ? A(0) : sum * exp_acc<T>(max - row_max);
     sum = group_reduce<G>(sum, SumOp{}, A(0), scratch);
-    const RowStats<T> stats(row_max, sum);
+    const RowStats<T> stats(row_max, sum, MASKED || a.log);
     stream_row<G, VEC, CACHE, false>(x, cache, cols, [&](int64_t c0, const AlignedVector<T, VEC>& v) {
       A logits[VEC];
       ctx.template logits<VEC>(a, c0, v, logits);
-      ctx.template store<VEC, false>(a, row, c0, logits, stats);
+      ctx.template store<VEC>(a, row, c0, logits, stats);
     });
     if (valid && Cursor::lane() == 0) ctx.finish(a, row, stats);
   }
@@ -542,7 +775,7 @@ __global__ void __launch_bounds__(block_threads(G)) streamed_backward_kernel(Bac
               store_vector<T, VEC>(cache_dy + cu, vdy[u]);
             }
             A y[VEC], g[VEC];
-            ctx.template prepare<VEC>(a, row, cu, va[u], vdy[u], y, g);
+            ctx.template prepare<VEC>(a, cu, va[u], vdy[u], ctx.template keep<VEC>(a, row, cu), y, g);
             f(cu, y, g);
           }
         }
@@ -591,8 +824,9 @@ struct Plan {
   size_t cache_bytes;
 };
 
+// per_thread: elements a thread keeps in registers on register and cluster rows.
 template <typename T>
-Plan make_plan(int64_t cols, bool aligned, int tensors) {
+Plan make_plan(int64_t cols, bool aligned, int tensors, int per_thread) {
   constexpr int kVec = kVec16<T>;
   Plan plan{false, 32, 0, 1, 0, false, 0};
   plan.vectorized = aligned && cols % kVec == 0 && !std::is_same<T, double>::value;
@@ -600,28 +834,28 @@ Plan make_plan(int64_t cols, bool aligned, int tensors) {
     plan.group = cols <= 1024 ? 32 : kStreamThreads;
     return plan;
   }
-  constexpr int kItems = kRegisterElems / kVec;
-  const int64_t per_thread = kItems * kVec;
+  const int items = per_thread / kVec;
   const bool clusters = device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
-  if (cols <= per_thread * (clusters ? kClusterThreads : 1024)) {
+  if (cols <= int64_t(per_thread) * (clusters ? kClusterThreads : 1024)) {
     const int64_t threads = (cols + per_thread - 1) / per_thread;
     int group = 4;
     while (group < threads) group *= 2;
     plan.group = group;
-    plan.items = kItems;
+    plan.items = items;
     return plan;
   }
   plan.group = kStreamThreads;
   plan.cache_bytes = static_cast<size_t>(cols) * sizeof(T) * tensors;
   plan.cache = plan.cache_bytes <= static_cast<size_t>(kMaxCacheBytes);
   if (!plan.cache) plan.cache_bytes = 0;
-  if (clusters && cols <= per_thread * kWideClusterThreads * kMaxCluster) {
-    plan.cluster_threads = cols <= per_thread * kClusterThreads * kMaxCluster ? kClusterThreads : kWideClusterThreads;
-    const int64_t per_block = per_thread * plan.cluster_threads;
+  if (clusters && cols <= int64_t(per_thread) * kWideClusterThreads * kMaxCluster) {
+    plan.cluster_threads =
+        cols <= int64_t(per_thread) * kClusterThreads * kMaxCluster ? kClusterThreads : kWideClusterThreads;
+    const int64_t per_block = int64_t(per_thread) * plan.cluster_threads;
     int cluster = 2;
     while (cluster * per_block < cols) cluster *= 2;
     plan.cluster = cluster;
-    plan.items = kItems;
+    plan.items = items;
   }
   return plan;
 }
@@ -649,18 +883,33 @@ cudaError_t launch_streamed(Kernel kernel, const Args& args, const Plan& plan, i
   return cudaGetLastError();
 }
 
-// Launches `cluster` blocks per row (a cluster each); cudaErrorNotSupported, with no launch and
-// no error left behind, when the device cannot co-schedule such a cluster.
+// Register rows: one resident wave of blocks (the kernels loop over rows and prefetch), or fewer
+// when there are fewer rows.
+template <class Kernel, class Args>
+cudaError_t launch_register_rows(Kernel kernel, const Args& args, int group, cudaStream_t stream) {
+  const int threads = block_threads(group);
+  int per_sm = 1;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0) != cudaSuccess) {
+    cudaGetLastError();  // only a sizing hint: clear it and assume one block per SM
+    per_sm = 1;
+  }
+  const int64_t blocks = std::min<int64_t>(row_blocks(args.rows, group), int64_t(sm_count()) * std::max(per_sm, 1));
+  kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
+// Launches one resident wave of clusters of `cluster` blocks (or one per row when there are
+// fewer rows), each looping over rows; cudaErrorNotSupported, with no launch and no error left
+// behind, when the device cannot co-schedule such a cluster.
 template <class Kernel, class Args>
 cudaError_t launch_clusters(Kernel kernel, const Args& args, int cluster, int threads, cudaStream_t stream) {
-  const int64_t clusters = std::min<int64_t>(args.rows, (int64_t(1) << 30) / cluster);
   cudaLaunchAttribute attribute;
   attribute.id = cudaLaunchAttributeClusterDimension;
   attribute.val.clusterDim.x = cluster;
   attribute.val.clusterDim.y = 1;
   attribute.val.clusterDim.z = 1;
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(clusters * cluster));
+  config.gridDim = dim3(static_cast<unsigned>(cluster));
   config.blockDim = dim3(threads);
   config.stream = stream;
   config.attrs = &attribute;
@@ -671,16 +920,18 @@ cudaError_t launch_clusters(Kernel kernel, const Args& args, int cluster, int th
     cudaGetLastError();  // clear the query's error: the caller falls back
     return cudaErrorNotSupported;
   }
+  config.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(args.rows, active) * cluster));
   const cudaError_t err = cudaLaunchKernelEx(&config, kernel, args);
   return err != cudaSuccess ? err : cudaGetLastError();
 }
 
 // Instantiates and launches the kernel of a plan: Launch::register_rows<G, ITEMS, VEC>(),
-// Launch::cluster_rows<CLUSTER, G, ITEMS, VEC>() or Launch::streamed<G, VEC, CACHE>().
-template <typename T, class Launch>
+// Launch::cluster_rows<CLUSTER, G, ITEMS, VEC>() or Launch::streamed<G, VEC, CACHE>(), with
+// PER_THREAD elements a thread on register and cluster rows.
+template <typename T, int PER_THREAD, class Launch>
 cudaError_t dispatch_plan(const Plan& plan, Launch launch) {
   constexpr int kVec = kVec16<T>;
-  constexpr int kItems = kRegisterElems / kVec;
+  constexpr int kItems = PER_THREAD / kVec;
   if (plan.cluster > 1) {
     cudaError_t err = cudaErrorNotSupported;
     if constexpr (!std::is_same<T, double>::value) {
@@ -731,9 +982,7 @@ template <typename T, bool MASKED> struct ForwardLaunch {
   const Plan& plan;
   cudaStream_t stream;
   template <int G, int ITEMS, int VEC> cudaError_t register_rows() const {
-    register_forward_kernel<T, G, ITEMS, VEC, MASKED, 1>
-        <<<static_cast<unsigned>(row_blocks(args.rows, G)), block_threads(G), 0, stream>>>(args);
-    return cudaGetLastError();
+    return launch_register_rows(register_forward_kernel<T, G, ITEMS, VEC, MASKED, 1>, args, G, stream);
   }
   template <int CLUSTER, int G, int ITEMS, int VEC> cudaError_t cluster_rows() const {
     return launch_clusters(register_forward_kernel<T, G, ITEMS, VEC, MASKED, CLUSTER>, args, CLUSTER, G, stream);
@@ -749,9 +998,7 @@ template <typename T, bool MASKED> struct BackwardLaunch {
   const Plan& plan;
   cudaStream_t stream;
   template <int G, int ITEMS, int VEC> cudaError_t register_rows() const {
-    register_backward_kernel<T, G, ITEMS, VEC, MASKED, 1>
-        <<<static_cast<unsigned>(row_blocks(args.rows, G)), block_threads(G), 0, stream>>>(args);
-    return cudaGetLastError();
+    return launch_register_rows(register_backward_kernel<T, G, ITEMS, VEC, MASKED, 1>, args, G, stream);
   }
   template <int CLUSTER, int G, int ITEMS, int VEC> cudaError_t cluster_rows() const {
     return launch_clusters(register_backward_kernel<T, G, ITEMS, VEC, MASKED, CLUSTER>, args, CLUSTER, G, stream);
@@ -806,8 +1053,8 @@ cudaError_t launch_softmax_fwd(const SoftmaxParams& p, DType dtype, cudaStream_t
   return FUSEDOPS_DISPATCH_FLOAT_TYPES(dtype, T, [&] {
     const auto args = forward_args<T>(p.x, p.y, p.rows, p.cols, p.x_row_stride, p.scale, p.log);
     const bool aligned = rows_aligned(p.x, p.x_row_stride, sizeof(T)) && is_aligned(p.y, 16);
-    const Plan plan = make_plan<T>(p.cols, aligned, 1);
-    return dispatch_plan<T>(plan, ForwardLaunch<T, false>{args, plan, stream});
+    const Plan plan = make_plan<T>(p.cols, aligned, 1, kRegisterElems);
+    return dispatch_plan<T, kRegisterElems>(plan, ForwardLaunch<T, false>{args, plan, stream});
   });
 }
 
@@ -817,8 +1064,8 @@ cudaError_t launch_softmax_bwd(const SoftmaxBackwardParams& p, DType dtype, cuda
     const auto args = backward_args<T>(p.y, p.dy, p.dx, p.rows, p.cols, p.y_row_stride, p.dy_row_stride, p.scale, p.log);
     const bool aligned = rows_aligned(p.y, p.y_row_stride, sizeof(T)) &&
                          rows_aligned(p.dy, p.dy_row_stride, sizeof(T)) && is_aligned(p.dx, 16);
-    const Plan plan = make_plan<T>(p.cols, aligned, 2);
-    return dispatch_plan<T>(plan, BackwardLaunch<T, false>{args, plan, stream});
+    const Plan plan = make_plan<T>(p.cols, aligned, 2, kRegisterElems);
+    return dispatch_plan<T, kRegisterElems>(plan, BackwardLaunch<T, false>{args, plan, stream});
   });
 }
 
@@ -836,8 +1083,8 @@ cudaError_t launch_masked_softmax_fwd(const MaskedSoftmaxParams& p, DType dtype,
     args.keep_scale = static_cast<acc_t<T>>(1.0 / (1.0 - p.p));
     args.philox = p.philox;
     const bool aligned = rows_aligned(p.x, p.x_row_stride, sizeof(T)) && is_aligned(p.out, 16);
-    const Plan plan = make_plan<T>(p.cols, aligned, 1);
-    return dispatch_plan<T>(plan, ForwardLaunch<T, true>{args, plan, stream});
+    const Plan plan = make_plan<T>(p.cols, aligned, 1, kRegisterElems);
+    return dispatch_plan<T, kRegisterElems>(plan, ForwardLaunch<T, true>{args, plan, stream});
   });
 }
 
@@ -855,8 +1102,8 @@ cudaError_t launch_masked_softmax_bwd(const MaskedSoftmaxBackwardParams& p, DTyp
     args.keep_scale = static_cast<acc_t<T>>(1.0 / (1.0 - p.p));
     const bool aligned = rows_aligned(p.x, p.x_row_stride, sizeof(T)) &&
                          rows_aligned(p.dy, p.dy_row_stride, sizeof(T)) && is_aligned(p.dx, 16);
-    const Plan plan = make_plan<T>(p.cols, aligned, 2);
-    return dispatch_plan<T>(plan, BackwardLaunch<T, true>{args, plan, stream});
+    const Plan plan = make_plan<T>(p.cols, aligned, 2, kRegisterElems);
+    return dispatch_plan<T, kRegisterElems>(plan, BackwardLaunch<T, true>{args, plan, stream});
   });
 }
 
