@@ -3,7 +3,8 @@
 # the small cases of every kernel, benchmark. Logs go to $OUT (else ./gpu_check_logs).
 #
 #   scripts/gpu_check.sh [STAGES] [PYTEST_ARGS...]
-#   STAGES: comma-separated subset of build,cmake,test,sanitize,bench,bench-full (default: build,test,sanitize,bench)
+#   STAGES: comma-separated subset of build,cmake,test,sanitize,sweep,bench,bench-full
+#   (default: build,test,sanitize,bench); sweep = fusedops alone at every N (bench/sweep.py)
 #   PYTEST_ARGS replace the default test selection (tests/); BENCH_TIMEOUT caps the benchmark
 #   (seconds; the report is written after every family, so a capped run keeps what it measured).
 #
@@ -55,6 +56,12 @@ if [[ $stages == *,sanitize,* ]]; then
     rc=$?; tail -4 "$out/sanitizer_$tool.log"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitizer_$tool.log" | tail -2
     [[ $rc == 0 ]] || status=1
   done
+fi
+
+if [[ $stages == *,sweep,* ]]; then
+  step "sweep (fusedops alone at every N)"
+  python3 -m bench.sweep 2>&1 | tee "$out/sweep.txt"
+  [[ ${PIPESTATUS[0]} == 0 ]] || status=1
 fi
 
 for mode in bench bench-full; do
