@@ -259,34 +259,33 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_dq_kernel(const Attent
   store_rows<T, T, D>(dq_acc, p.scale, dq, p.dq_stride.seq, warp_row0, p.len_q, lane);
 }
 
-template <typename T, int D>
-cudaError_t launch_bwd(const AttentionBwdParams& p, cudaStream_t stream) {
+// The three backward launches, shared by the mma.sync and the wgmma backwards: delta =
+// rowsum(dO o O), then dK/dV with one block per `block_n` keys of a head, then dQ with one
+// block per `block_m` query rows. Every grid is checked before the first launch.
+template <int block_m, int block_n, typename T, int D>
+cudaError_t launch_bwd_kernels(const AttentionBwdParams& p, void (*dkdv)(AttentionBwdParams), size_t dkdv_smem,
+                               void (*dq)(AttentionBwdParams), size_t dq_smem, int threads, cudaStream_t stream) {
   const int64_t bh = static_cast<int64_t>(p.batch) * p.heads_q;
   const int64_t rows = bh * p.len_q;
   if (rows == 0 || p.len_k == 0) return cudaSuccess;
-  const int64_t m_blocks = bh * ((p.len_q + kBlockM - 1) / kBlockM);
-  const int64_t n_blocks = bh * ((p.len_k + kBlockN - 1) / kBlockN);
+  const int64_t m_blocks = bh * ((p.len_q + block_m - 1) / block_m);
+  const int64_t n_blocks = bh * ((p.len_k + block_n - 1) / block_n);
   const int64_t delta_blocks = (rows + kWarps - 1) / kWarps;
   if (m_blocks > INT32_MAX || n_blocks > INT32_MAX || delta_blocks > INT32_MAX) return cudaErrorInvalidConfiguration;
 
   attention_bwd_delta_kernel<T, D><<<static_cast<unsigned>(delta_blocks), kThreads, 0, stream>>>(p);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
+  err = launch_with_shared_memory(dkdv, n_blocks, threads, dkdv_smem, p, stream);
+  if (err != cudaSuccess) return err;
+  return launch_with_shared_memory(dq, m_blocks, threads, dq_smem, p, stream);
+}
 
-  constexpr size_t dkdv_smem = bwd_dkdv_smem_bytes<T, D>();
+template <typename T, int D>
+cudaError_t launch_bwd(const AttentionBwdParams& p, cudaStream_t stream) {
   auto dkdv = p.dkdv_fp32 ? attention_bwd_dkdv_kernel<T, float, D> : attention_bwd_dkdv_kernel<T, T, D>;
-  err = cudaFuncSetAttribute(dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, dkdv_smem);
-  if (err != cudaSuccess) return err;
-  dkdv<<<static_cast<unsigned>(n_blocks), kThreads, dkdv_smem, stream>>>(p);
-  err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
-
-  constexpr size_t dq_smem = bwd_dq_smem_bytes<T, D>();
-  auto dq = attention_bwd_dq_kernel<T, D>;
-  err = cudaFuncSetAttribute(dq, cudaFuncAttributeMaxDynamicSharedMemorySize, dq_smem);
-  if (err != cudaSuccess) return err;
-  dq<<<static_cast<unsigned>(m_blocks), kThreads, dq_smem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_bwd_kernels<kBlockM, kBlockN, T, D>(p, dkdv, bwd_dkdv_smem_bytes<T, D>(), attention_bwd_dq_kernel<T, D>,
+                                                    bwd_dq_smem_bytes<T, D>(), kThreads, stream);
 }
 
 }  // namespace attention

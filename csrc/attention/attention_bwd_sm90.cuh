@@ -314,45 +314,12 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm<D>()) attention_bwd_dq
 
 template <typename T, int D>
 cudaError_t launch_bwd_sm90(const AttentionBwdParams& p, cudaStream_t stream) {
-  const int64_t bh = static_cast<int64_t>(p.batch) * p.heads_q;
-  const int64_t rows = bh * p.len_q;
-  if (rows == 0 || p.len_k == 0) return cudaSuccess;
-  const int64_t m_blocks = bh * ((p.len_q + kBlockM - 1) / kBlockM);
-  const int64_t n_blocks = bh * ((p.len_k + kBwdKeys - 1) / kBwdKeys);
-  const int64_t delta_blocks = (rows + attention::kWarps - 1) / attention::kWarps;
-  if (m_blocks > INT32_MAX || n_blocks > INT32_MAX || delta_blocks > INT32_MAX) return cudaErrorInvalidConfiguration;
-
-  attention_bwd_delta_kernel<T, D><<<static_cast<unsigned>(delta_blocks), attention::kThreads, 0, stream>>>(p);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
-
-  constexpr size_t dkdv_smem = bwd_dkdv_smem_bytes<T, D>();
   auto dkdv = p.dkdv_fp32 ? attention_bwd_dkdv_sm90_kernel<T, float, D> : attention_bwd_dkdv_sm90_kernel<T, T, D>;
-  err = cudaFuncSetAttribute(dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, dkdv_smem);
-  if (err != cudaSuccess) return err;
-  dkdv<<<static_cast<unsigned>(n_blocks), kThreads, dkdv_smem, stream>>>(p);
-  err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
-
-  constexpr size_t dq_smem = bwd_dq_smem_bytes<T, D>();
-  auto dq = attention_bwd_dq_sm90_kernel<T, D>;
-  err = cudaFuncSetAttribute(dq, cudaFuncAttributeMaxDynamicSharedMemorySize, dq_smem);
-  if (err != cudaSuccess) return err;
-  dq<<<static_cast<unsigned>(m_blocks), kThreads, dq_smem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_bwd_kernels<kBlockM, kBwdKeys, T, D>(p, dkdv, bwd_dkdv_smem_bytes<T, D>(),
+                                                     attention_bwd_dq_sm90_kernel<T, D>, bwd_dq_smem_bytes<T, D>(),
+                                                     kThreads, stream);
 }
 
 }  // namespace sm90
 }  // namespace attention
 }  // namespace fusedops
-
-// Defines launch_attention_bwd_sm90_hdim<D>; each attention_bwd_sm90_hdim<D>.cu expands it once.
-#define FUSEDOPS_ATTENTION_BWD_SM90_HEAD_DIM(D)                                                                  \
-  namespace fusedops {                                                                                           \
-  template <>                                                                                                    \
-  cudaError_t launch_attention_bwd_sm90_hdim<D>(const AttentionBwdParams& p, DType dtype, cudaStream_t stream) { \
-    if (dtype == DType::BFloat16) return attention::sm90::launch_bwd_sm90<__nv_bfloat16, D>(p, stream);         \
-    if (dtype == DType::Float16) return attention::sm90::launch_bwd_sm90<__half, D>(p, stream);                  \
-    return cudaErrorInvalidValue;                                                                                \
-  }                                                                                                              \
-  }  // namespace fusedops

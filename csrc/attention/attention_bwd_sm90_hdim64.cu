@@ -1,4 +1,4 @@
 // Hopper (wgmma) attention backward for head_dim 64.
 #include "attention_bwd_sm90.cuh"
 
-FUSEDOPS_ATTENTION_BWD_SM90_HEAD_DIM(64)
+FUSEDOPS_ATTENTION_LAUNCHER(launch_attention_bwd_sm90_hdim, AttentionBwdParams, attention::sm90::launch_bwd_sm90, 64)

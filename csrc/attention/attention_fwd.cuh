@@ -34,6 +34,25 @@ constexpr size_t fwd_smem_bytes() {
   return sizeof(T) * smem_pitch<D>() * (kBlockM + 4 * kBlockN);  // Q + 2 x (K, V)
 }
 
+// Opts `kernel` in to `smem` bytes of dynamic shared memory and launches it on a 1-D grid of
+// `blocks` blocks (nothing to do for 0; a 1-D grid holds at most INT32_MAX blocks).
+template <class Params>
+cudaError_t launch_with_shared_memory(void (*kernel)(Params), int64_t blocks, int threads, size_t smem,
+                                      const Params& p, cudaStream_t stream) {
+  if (blocks == 0) return cudaSuccess;
+  if (blocks > INT32_MAX) return cudaErrorInvalidConfiguration;
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+// Blocks of a grid with one block per (batch, query head, tile of `block_m` query rows).
+template <int block_m>
+int64_t query_tile_blocks(const AttentionFwdParams& p) {
+  return static_cast<int64_t>((p.len_q + block_m - 1) / block_m) * p.batch * p.heads_q;
+}
+
 // Block index -> (batch * heads_q index, query tile). Tiles of one head are adjacent so that
 // they share K/V in L2; with causal masking the longest tiles start first.
 struct TileIndex {
@@ -221,17 +240,22 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_kernel(const Attention
 
 template <typename T, int D>
 cudaError_t launch_fwd(const AttentionFwdParams& p, cudaStream_t stream) {
-  const int m_tiles = (p.len_q + kBlockM - 1) / kBlockM;
-  const int64_t blocks = static_cast<int64_t>(m_tiles) * p.batch * p.heads_q;
-  if (blocks == 0) return cudaSuccess;
-  if (blocks > INT32_MAX) return cudaErrorInvalidConfiguration;
-  constexpr size_t smem = fwd_smem_bytes<T, D>();
-  auto kernel = attention_fwd_kernel<T, D>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (err != cudaSuccess) return err;
-  kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_with_shared_memory(attention_fwd_kernel<T, D>, query_tile_blocks<kBlockM>(p), kThreads,
+                                   fwd_smem_bytes<T, D>(), p, stream);
 }
 
 }  // namespace attention
 }  // namespace fusedops
+
+// Defines the explicit specialization NAME<D> (declared in attention.h) of a head-dim launcher:
+// maps the runtime dtype onto IMPL<T, D>. Each attention*_hdim<D>.cu expands it, so head dims
+// and kernel families compile in parallel.
+#define FUSEDOPS_ATTENTION_LAUNCHER(NAME, PARAMS, IMPL, D)                                 \
+  namespace fusedops {                                                                     \
+  template <>                                                                              \
+  cudaError_t NAME<D>(const PARAMS& p, DType dtype, cudaStream_t stream) {                 \
+    if (dtype == DType::BFloat16) return IMPL<__nv_bfloat16, D>(p, stream);                \
+    if (dtype == DType::Float16) return IMPL<__half, D>(p, stream);                        \
+    return cudaErrorInvalidValue;                                                          \
+  }                                                                                        \
+  }  // namespace fusedops

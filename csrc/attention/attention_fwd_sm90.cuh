@@ -140,29 +140,10 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm<D>()) attention_fwd_sm
 
 template <typename T, int D>
 cudaError_t launch_fwd_sm90(const AttentionFwdParams& p, cudaStream_t stream) {
-  const int m_tiles = (p.len_q + kBlockM - 1) / kBlockM;
-  const int64_t blocks = static_cast<int64_t>(m_tiles) * p.batch * p.heads_q;
-  if (blocks == 0) return cudaSuccess;
-  if (blocks > INT32_MAX) return cudaErrorInvalidConfiguration;
-  constexpr size_t smem = fwd_smem_bytes<T, D>();
-  auto kernel = attention_fwd_sm90_kernel<T, D>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (err != cudaSuccess) return err;
-  kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_with_shared_memory(attention_fwd_sm90_kernel<T, D>, query_tile_blocks<kBlockM>(p), kThreads,
+                                   fwd_smem_bytes<T, D>(), p, stream);
 }
 
 }  // namespace sm90
 }  // namespace attention
 }  // namespace fusedops
-
-// Defines launch_attention_fwd_sm90_hdim<D>; each attention_fwd_sm90_hdim<D>.cu expands it once.
-#define FUSEDOPS_ATTENTION_SM90_HEAD_DIM(D)                                                                      \
-  namespace fusedops {                                                                                           \
-  template <>                                                                                                    \
-  cudaError_t launch_attention_fwd_sm90_hdim<D>(const AttentionFwdParams& p, DType dtype, cudaStream_t stream) { \
-    if (dtype == DType::BFloat16) return attention::sm90::launch_fwd_sm90<__nv_bfloat16, D>(p, stream);         \
-    if (dtype == DType::Float16) return attention::sm90::launch_fwd_sm90<__half, D>(p, stream);                  \
-    return cudaErrorInvalidValue;                                                                                \
-  }                                                                                                              \
-  }  // namespace fusedops

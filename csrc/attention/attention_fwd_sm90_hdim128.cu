@@ -1,4 +1,4 @@
 // Hopper (wgmma) attention forward for head_dim 128.
 #include "attention_fwd_sm90.cuh"
 
-FUSEDOPS_ATTENTION_SM90_HEAD_DIM(128)
+FUSEDOPS_ATTENTION_LAUNCHER(launch_attention_fwd_sm90_hdim, AttentionFwdParams, attention::sm90::launch_fwd_sm90, 128)

@@ -1,4 +1,4 @@
 // Hopper (wgmma) attention forward for head_dim 64.
 #include "attention_fwd_sm90.cuh"
 
-FUSEDOPS_ATTENTION_SM90_HEAD_DIM(64)
+FUSEDOPS_ATTENTION_LAUNCHER(launch_attention_fwd_sm90_hdim, AttentionFwdParams, attention::sm90::launch_fwd_sm90, 64)
