@@ -436,10 +436,10 @@ template <typename T, bool MASKED> struct BackwardRow {
 
 // ---- register rows ---------------------------------------------------------------------------
 
-// Whether a persistent register-row kernel prefetches the next row: unmasked rows do when the two copies of
-// the raw row data fit in kMaxPrefetchRegisters (not fp32 backward), except the backward in
-// 1024-thread blocks (64 registers a thread would spill). Masked rows need registers for the mask
-// and the dropout generator; they rely on occupancy to hide latency instead.
+// Whether a persistent register-row kernel prefetches the next row: unmasked rows do when the two
+// copies of the raw row data fit in kMaxPrefetchRegisters (not fp32 backward), except the
+// backward in 1024-thread blocks (64 registers a thread would spill). Masked rows need registers
+// for the mask and the dropout generator; they rely on occupancy to hide latency instead.
 template <typename T, int G, int ITEMS, int VEC, int TENSORS, bool MASKED>
 constexpr bool register_prefetch() {
   return !MASKED && 2 * TENSORS * ITEMS * VEC * int(sizeof(T)) / 4 <= kMaxPrefetchRegisters &&
@@ -1002,9 +1002,10 @@ cudaError_t dispatch_register_rows(const Plan& plan, Launch launch) {
   return cudaErrorInvalidConfiguration;
 }
 
-// Instantiates and launches the kernel of a plan: Launch::register_rows<G, ITEMS, VEC, PERSISTENT>(),
-// Launch::cluster_rows<CLUSTER, G, ITEMS, VEC>() or Launch::streamed<G, VEC, CACHE>(), with
-// PER_THREAD elements a thread on register and cluster rows.
+// Instantiates and launches the kernel of a plan:
+// Launch::register_rows<G, ITEMS, VEC, PERSISTENT>(), Launch::cluster_rows<CLUSTER, G, ITEMS, VEC>()
+// or Launch::streamed<G, VEC, CACHE>(), with PER_THREAD elements a thread on register and cluster
+// rows.
 template <typename T, int PER_THREAD, class Launch>
 cudaError_t dispatch_plan(const Plan& plan, Launch launch) {
   constexpr int kVec = kVec16<T>;
