@@ -11,10 +11,11 @@ ops = torch.ops.fusedops
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # Row lengths by the path they take (on sm_90): 1, 7, 41, 1023, 4097 (no 16-byte vector fits:
 # streamed scalar rows), 8 and 128 (sub-warp groups), 1024 and 4096 (a block per row, in
-# registers), 16384, 32768, 65536 (clusters of 2, 4, 8 blocks); plus a row count past 65535 (1-D
-# grid over rows). LONG_SHAPES: 262144 (a cluster of 16), 1048576 (streamed, two passes).
+# registers), 200 and 1000 (register rows whose groups reach past the row's end: their last
+# vectors load nothing), 16384, 32768, 65536 (clusters of 2, 4, 8 blocks); plus a row count past
+# 65535 (1-D grid over rows). LONG_SHAPES: 262144 (a cluster of 16), 1048576 (streamed, two passes).
 SHAPES = [(1,), (3, 7), (6, 41), (5, 1023), (4, 4097), (70000, 8), (3, 5, 128), (33, 1024), (2, 3, 4096),
-          (7, 16384), (3, 32768), (2, 65536)]
+          (700, 200), (9, 1000), (7, 16384), (3, 32768), (2, 65536)]
 LONG_SHAPES = [(2, 262144), (1, 1048576)]
 
 
@@ -209,20 +210,20 @@ def test_softmax_long_rows(shape, dtype, log):
     _check_softmax(shape, dtype, log)
 
 
-# Register and cluster rows run on a persistent grid (one resident wave) that loops over rows and
-# prefetches the next row: these have many more rows than the grid has groups, so every group
-# (and every cluster, alternating its two partial slots) handles many rows, and the last
-# iteration's prefetch runs past the end. Row lengths at the boundaries of each path (16-bit /
-# fp32): 8192 (one 512-thread block), 8200 (cluster of 2, last block mostly empty), 131072
-# (16 blocks of 512), 131080 (16 blocks of 1024), 262144 (16 full blocks of 1024), 262152
-# (streamed).
-PERSISTENT_SHAPES = [(70000, 256), (20000, 1024), (3000, 8192), (1500, 8200), (600, 32768), (300, 65536),
+# Many rows per launch. Register rows take a block per row group (many blocks, the last one
+# partly past the end); cluster rows run on a persistent grid (one resident wave) that loops over
+# rows and prefetches the next row, so every cluster handles many rows, alternating its two
+# partial slots, and the last iteration's prefetch runs past the end. Row lengths at the
+# boundaries of each path (16-bit / fp32): 8192 (one 512-thread block), 8200 (cluster of 2, last
+# block mostly empty), 131072 (16 blocks of 512), 131080 (16 blocks of 1024), 262144 (16 full
+# blocks of 1024), 262152 (streamed).
+MANY_ROW_SHAPES = [(70000, 256), (20000, 1024), (3000, 8192), (1500, 8200), (600, 32768), (300, 65536),
                      (60, 131072), (40, 131080), (30, 262144), (12, 262152)]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shape", PERSISTENT_SHAPES, ids=str)
+@pytest.mark.parametrize("shape", MANY_ROW_SHAPES, ids=str)
 @pytest.mark.parametrize("log", [False, True])
 def test_softmax_rows_loop(shape, dtype, log):
     _check_softmax(shape, dtype, log, scale=1.3)
@@ -231,7 +232,7 @@ def test_softmax_rows_loop(shape, dtype, log):
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
 def test_masked_rows_loop(causal):
-    """Masked rows loop too (without prefetch): many rows per group, bool mask, dropout off."""
+    """Masked register rows over many blocks (bool mask, dropout off)."""
     x = torch.randn(4, 64, 96, 1024, dtype=torch.bfloat16, device="cuda")
     _check_masked(x, _keep_mask((4, 1, 96, 1024)), 0.125, causal)
 
@@ -245,10 +246,11 @@ def test_softmax_float64(log):
 
 @pytest.mark.gpu
 @pytest.mark.sanitizer
-# (600, 128) and (300, 20000): more rows than the persistent grid holds, so groups and clusters
-# loop (cluster partial slots reused, prefetch past the last row).
-@pytest.mark.parametrize("shape", [(3, 7), (5, 64), (4, 1024), (2, 4096), (2, 20000), (1, 70000), (6000, 128),
-                                   (300, 20000)], ids=str)
+# (6000, 128): many blocks of row groups; (5, 1000): groups reaching past the row's end;
+# (300, 20000): more rows than the persistent grid of clusters holds, so clusters loop (partial
+# slots reused, prefetch past the last row).
+@pytest.mark.parametrize("shape", [(3, 7), (5, 64), (4, 1024), (5, 1000), (2, 4096), (2, 20000), (1, 70000),
+                                   (6000, 128), (300, 20000)], ids=str)
 def test_softmax_small_cases_sanitizer(shape):
     for log in (False, True):
         _check_softmax(shape, torch.float16, log)

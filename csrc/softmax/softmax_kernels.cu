@@ -4,15 +4,18 @@
 // Row strategies:
 // - register rows (cols <= G * ITEMS * VEC, 16-byte aligned rows): each thread keeps its
 //   ITEMS vectors of VEC elements in registers in the storage type, so the row is read from HBM
-//   once. The grid is persistent (one resident wave) and software-pipelined: a group issues the
-//   loads of its next row before it reduces and writes the current one, so a row's reductions
-//   and barriers overlap the next row's memory latency. The forward takes each thread's max and
-//   sum of exp(logit - that max) in one pass over its registers, so the group reduces the max
-//   and the rescaled sum back to back;
+//   once. Rows of one block or less (PERSISTENT false) take one row group per block on a grid
+//   sized to the data: every thread loads its row, reduces and writes it, and the other resident
+//   blocks keep the loads in flight meanwhile. The forward reduces the row max, then the sum of
+//   exp(logit - row max), keeping those exps (one exp per element);
 // - cluster rows (sm_90, cols up to 16x that of a 512- or 1024-thread block): the row is split
 //   over a thread-block cluster of CLUSTER blocks, each keeping its slice in registers; the
 //   blocks combine their partials through distributed shared memory with one cluster barrier
-//   per row, so the row is still read once;
+//   per row, so the row is still read once. The grid is persistent (PERSISTENT: one resident
+//   wave) and software-pipelined: a group issues the loads of its next row before it reduces
+//   and writes the current one, so a row's barriers overlap the next row's memory latency. The
+//   forward takes each thread's max and sum of exp(logit - that max) in one pass, so the blocks
+//   exchange one (max, sum) pair behind one cluster barrier;
 // - streamed rows (longer rows, odd sizes, unaligned views, fp64): two passes over the row, an
 //   online max + sum (or the backward's dot product) and then the output. The first pass may
 //   stage the row in shared memory (CACHE) so the second reads it from there; otherwise the
@@ -46,6 +49,14 @@ constexpr int kRegisterElems = 16;
 // registers a thread (two 512-thread blocks per SM): such kernels load each row when they reach
 // it and hide latency with the second block instead.
 constexpr int kMaxPrefetchRegisters = 40;
+// Register rows of one group take the persistent, pipelined loop from this group size on (the
+// plan's `persistent`; cluster rows always do). On the H200 (2026-11-29, bench.sweep) the
+// persistent loop lost 5-27 points of copy bandwidth to one row group per block at N <= 4096
+// (groups <= 256) and won 2x on cluster rows; groups of 512 (N <= 8192) were not measured
+// either way. Groups from kPersistentOption on are built both ways, so this is the one switch.
+constexpr int kPersistentOption = 512;
+constexpr int kPersistentGroup = 1024;
+static_assert(kPersistentGroup >= kPersistentOption, "persistent register rows must be built");
 constexpr int kStreamUnroll = 4;       // vectors loaded before any is used in streamed rows
 constexpr int kStreamThreads = 512;    // threads per row for long streamed rows (128 registers each)
 // Cluster rows use 512-thread blocks, two per SM, so one block's loads overlap the other's
@@ -425,23 +436,29 @@ template <typename T, bool MASKED> struct BackwardRow {
 
 // ---- register rows ---------------------------------------------------------------------------
 
-// Whether a register-row kernel prefetches the next row: unmasked rows do when the two copies of
-// the raw row data fit in kMaxPrefetchRegisters (not fp32 backward), except the backward in
-// 1024-thread blocks (64 registers a thread would spill). Masked rows need registers for the mask
-// and the dropout generator; they rely on occupancy to hide latency instead.
+// Whether a persistent register-row kernel prefetches the next row: unmasked rows do when the two
+// copies of the raw row data fit in kMaxPrefetchRegisters (not fp32 backward), except the
+// backward in 1024-thread blocks (64 registers a thread would spill). Masked rows need registers
+// for the mask and the dropout generator; they rely on occupancy to hide latency instead.
 template <typename T, int G, int ITEMS, int VEC, int TENSORS, bool MASKED>
 constexpr bool register_prefetch() {
   return !MASKED && 2 * TENSORS * ITEMS * VEC * int(sizeof(T)) / 4 <= kMaxPrefetchRegisters &&
          (TENSORS == 1 || block_threads(G) < 1024);
 }
 
-// Masked forward rows (no register prefetch) also hide latency with occupancy: they ask for at
-// least kMaskedThreadsPerSM resident threads (85 registers a thread; left alone they take up to
-// 93), which they fit without spilling. The masked backward and masked cluster rows would spill:
-// they are left free. 0 leaves ptxas its default (an explicit 1 changes its register choices).
+// Forward rows without register prefetch hide latency with occupancy. Plain rows of one group
+// per block ask for a full SM (2048 threads, 32 registers: ptxas still issues every load of a
+// row before its arithmetic, without spilling; left alone it takes 40 at some sizes, 3/4 of
+// the SM). Masked rows ask for at least kMaskedThreadsPerSM resident threads (85 registers a
+// thread; left alone they take up to 93), which they fit without spilling. The backward and
+// masked cluster rows would spill: they are left free. 0 leaves ptxas its default (an explicit
+// 1 changes its register choices).
+constexpr int kMaxThreadsPerSM = 2048;
 constexpr int kMaskedThreadsPerSM = 768;
-__host__ __device__ constexpr int masked_min_blocks(int group, bool capped) {
-  return capped && block_threads(group) < kMaskedThreadsPerSM ? kMaskedThreadsPerSM / block_threads(group) : 0;
+__host__ __device__ constexpr int register_min_blocks(int group, bool masked, int cluster, bool persistent) {
+  const int threads = block_threads(group);
+  if (masked) return cluster == 1 && threads < kMaskedThreadsPerSM ? kMaskedThreadsPerSM / threads : 0;
+  return persistent || threads >= kMaxThreadsPerSM / 2 ? 0 : kMaxThreadsPerSM / threads;
 }
 
 // The columns of a register row a thread owns: vector i starts at column(i). Register rows are
@@ -473,20 +490,35 @@ __device__ __forceinline__ void prefetch_row_l2(const Args& a, const T* tensor, 
 #endif
 }
 
-template <typename T, int G, int ITEMS, int VEC, bool MASKED, int CLUSTER>
-__global__ void __launch_bounds__(block_threads(G), masked_min_blocks(G, MASKED && CLUSTER == 1))
+// Rows that load each vector where they use it: plain rows convert every vector, zeros where it
+// is not `live` (outside the row), so each load stays a predicated instruction that ptxas issues
+// ahead of all the arithmetic; a branch around each vector's load and arithmetic (as masked rows
+// need, to read mask bytes only inside the row) keeps 16-bit rows to one load in flight.
+template <typename T, int VEC>
+__device__ __forceinline__ AlignedVector<T, VEC> load_live(bool live, const T* src) {
+  AlignedVector<T, VEC> v{};
+  if (live) v = load_vector<T, VEC>(src);
+  return v;
+}
+
+template <typename T, int G, int ITEMS, int VEC, bool MASKED, int CLUSTER, bool PERSISTENT>
+__global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKED, CLUSTER, PERSISTENT))
     register_forward_kernel(ForwardArgs<T> a) {
   using A = acc_t<T>;
   using Cursor = RowCursor<G, CLUSTER>;
   using Vec = AlignedVector<T, VEC>;
   using Ctx = ForwardRow<T, MASKED>;
-  constexpr bool kPrefetch = register_prefetch<T, G, ITEMS, VEC, 1, MASKED>();
+  constexpr bool kPrefetch = PERSISTENT && register_prefetch<T, G, ITEMS, VEC, 1, MASKED>();
+  // Clusters take each thread's exps against its own max, so that their blocks exchange one
+  // (max, sum) pair behind one barrier; a single group reduces the row max first, then takes the
+  // exps against it (one exp per element for every dtype).
+  constexpr bool kOnePass = CLUSTER > 1;
   const MaxSum<A> identity{neg_inf<A>(), A(0)};
   __shared__ A scratch[32];
   __shared__ MaxSum<A> slots[2];
   const RowSlice<G, ITEMS, VEC, CLUSTER> slice;
-  // Loads the thread's vectors of a row; none of a row past the end, none past the row's end,
-  // none hidden by the causal mask (their probabilities are 0).
+  // Prefetches the thread's vectors of a row; none of a row past the end, none past the row's
+  // end, none hidden by the causal mask (their probabilities are 0).
   const int cols = static_cast<int>(a.cols);
   auto load = [&](int64_t row, const Ctx& ctx, Vec (&v)[ITEMS]) {
     if (row >= a.rows) return;
@@ -508,56 +540,70 @@ __global__ void __launch_bounds__(block_threads(G), masked_min_blocks(G, MASKED 
     // Without prefetch the context is made here, so only one row's is live.
     const Ctx ctx = kPrefetch ? next_ctx : context(row);
     Vec cur[ITEMS];
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) cur[i] = next[i];
     if constexpr (kPrefetch) {
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i) cur[i] = next[i];
       // The next row's loads stay in flight through this row's reductions and stores.
       const int64_t next_row = Cursor::row(base + Cursor::step());
       next_ctx = context(next_row);
       load(next_row, next_ctx, next);
-    } else {
-      load(row, ctx, cur);
-      prefetch_row_l2<G, ITEMS, VEC, CLUSTER>(a, a.x, a.x_row_stride, Cursor::row(base + Cursor::step()));
     }
-    // The thread's logits, then its max and sum of exp(logit - max). 16-bit softmax keeps those
-    // exps (one exp per element); fp32 keeps the logits and recomputes exp(logit - row max) on
-    // output, which rounds once instead of twice; log_softmax keeps the logits.
-    const bool keep_exps = sizeof(T) == 2 && (MASKED || !a.log);
+    // The thread's logits (-inf outside the row) and their max. Without prefetch the loads sit
+    // in this loop (see load_live).
+    constexpr bool kBranchless = !MASKED && !kPrefetch;
+    const T* x = a.x + row * a.x_row_stride;
     A values[ITEMS][VEC];
     A thread_max = neg_inf<A>();
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int c0 = slice.column(i);
-      if (valid && c0 < cols && !ctx.hidden_from(c0)) {
-        ctx.template logits<VEC>(a, c0, cur[i], values[i]);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) thread_max = nan_max(thread_max, values[i][j]);
-      } else {
+      const bool live = valid && c0 < cols && !ctx.hidden_from(c0);
+      if (!kBranchless && !live) {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) values[i][j] = neg_inf<A>();
+        continue;
+      }
+      ctx.template logits<VEC>(a, c0, kPrefetch ? cur[i] : load_live<T, VEC>(live, x + c0), values[i]);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        if (kBranchless && !live) values[i][j] = neg_inf<A>();
+        thread_max = nan_max(thread_max, values[i][j]);
       }
     }
-    const bool thread_empty = thread_max == neg_inf<A>();
-    const A thread_shift = thread_empty ? A(0) : thread_max;
-    A thread_sum = 0;
+    if constexpr (PERSISTENT && !kPrefetch) {
+      prefetch_row_l2<G, ITEMS, VEC, CLUSTER>(a, a.x, a.x_row_stride, Cursor::row(base + Cursor::step()));
+    }
+    // Sum of exp(logit - shift), with shift the row max or (one pass) the thread's max. Softmax
+    // keeps those exps, except fp32 in one pass: it recomputes exp(logit - row max) on output,
+    // which rounds once instead of twice; log_softmax keeps the logits.
+    const A shift_max = kOnePass ? thread_max : group_reduce<G>(thread_max, NanMaxOp{}, neg_inf<A>(), scratch);
+    const bool shift_empty = shift_max == neg_inf<A>();
+    const A shift = shift_empty ? A(0) : shift_max;
+    const bool keep_exps = (!kOnePass || sizeof(T) == 2) && (MASKED || !a.log);
+    A sum = 0;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i)
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const A e = exp_acc<T>(values[i][j] - thread_shift);
-        thread_sum += e;
+        const A e = exp_acc<T>(values[i][j] - shift);
+        sum += e;
         if (keep_exps) values[i][j] = e;
       }
-    // The group's max and sum (two scalar reductions: cheaper than one of pairs), then with
-    // clusters one exchange of (max, sum) pairs between the blocks.
-    const A group_max = group_reduce<G>(thread_max, NanMaxOp{}, neg_inf<A>(), scratch);
-    const A rescaled = thread_empty ? A(0) : thread_sum * exp_acc<T>(thread_max - group_max);
-    const A group_sum = group_reduce<G>(rescaled, SumOp{}, A(0), scratch);
-    const MaxSum<A> total = cluster_reduce<CLUSTER>(MaxSum<A>{group_max, group_sum}, MaxSumOp<T>{}, identity,
-                                                    &slots[parity]);
+    MaxSum<A> total{shift_max, A(0)};
+    if constexpr (kOnePass) {
+      // The group's max and sum (two scalar reductions: cheaper than one of pairs), then one
+      // exchange of (max, sum) pairs between the cluster's blocks.
+      const A group_max = group_reduce<G>(thread_max, NanMaxOp{}, neg_inf<A>(), scratch);
+      const A rescaled = shift_empty ? A(0) : sum * exp_acc<T>(thread_max - group_max);
+      total = cluster_reduce<CLUSTER>(MaxSum<A>{group_max, group_reduce<G>(rescaled, SumOp{}, A(0), scratch)},
+                                      MaxSumOp<T>{}, identity, &slots[parity]);
+    } else {
+      total.sum = group_reduce<G>(sum, SumOp{}, A(0), scratch);
+    }
     const RowStats<T> stats(total.max, total.sum, MASKED || a.log);
-    // exp(logit - thread max) * factor = exp(logit - row max) / row sum
-    const A factor = thread_empty ? A(0) : exp_acc<T>(thread_max - stats.max) * stats.inv_sum;
+    // exp(logit - shift) * factor = exp(logit - row max) / row sum
+    A factor = stats.inv_sum;
+    if constexpr (kOnePass) factor = shift_empty ? A(0) : exp_acc<T>(thread_max - stats.max) * stats.inv_sum;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int c0 = slice.column(i);
@@ -574,18 +620,22 @@ __global__ void __launch_bounds__(block_threads(G), masked_min_blocks(G, MASKED 
   cluster_exit_barrier<CLUSTER>();
 }
 
-template <typename T, int G, int ITEMS, int VEC, bool MASKED, int CLUSTER>
+template <typename T, int G, int ITEMS, int VEC, bool MASKED, int CLUSTER, bool PERSISTENT>
 __global__ void __launch_bounds__(block_threads(G)) register_backward_kernel(BackwardArgs<T> a) {
   using A = acc_t<T>;
   using Cursor = RowCursor<G, CLUSTER>;
   using Vec = AlignedVector<T, VEC>;
   using Ctx = BackwardRow<T, MASKED>;
-  constexpr bool kPrefetch = register_prefetch<T, G, ITEMS, VEC, 2, MASKED>();
+  constexpr bool kPrefetch = PERSISTENT && register_prefetch<T, G, ITEMS, VEC, 2, MASKED>();
+  // (y, g) of every vector are kept through the reduction by masked rows (remaking them costs
+  // mask reads, exps and Philox) and by rows without prefetch; plain rows that prefetch remake
+  // them from the raw vectors, which take half the registers for 16-bit types.
+  constexpr bool kRemake = !MASKED && kPrefetch;
   __shared__ A scratch[32];
   __shared__ A slots[2];
   const RowSlice<G, ITEMS, VEC, CLUSTER> slice;
-  // Loads the thread's vectors of both tensors; vectors hidden by the causal mask are not read
-  // (y = 0 there, so dx = 0).
+  // Prefetches the thread's vectors of both tensors; vectors hidden by the causal mask are not
+  // read (y = 0 there, so dx = 0).
   const int cols = static_cast<int>(a.cols);
   auto load = [&](int64_t row, const Ctx& ctx, Vec (&va)[ITEMS], Vec (&vdy)[ITEMS]) {
     if (row >= a.rows) return;
@@ -611,38 +661,45 @@ __global__ void __launch_bounds__(block_threads(G)) register_backward_kernel(Bac
     // Without prefetch the context is made here, so only one row's is live.
     const Ctx ctx = kPrefetch ? next_ctx : context(row);
     Vec cur_a[ITEMS], cur_dy[ITEMS];
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      cur_a[i] = next_a[i];
-      cur_dy[i] = next_dy[i];
-    }
     if constexpr (kPrefetch) {
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i) {
+        cur_a[i] = next_a[i];
+        cur_dy[i] = next_dy[i];
+      }
       // The next row's loads stay in flight through this row's reduction and stores.
       const int64_t next_row = Cursor::row(base + Cursor::step());
       next_ctx = context(next_row);
       load(next_row, next_ctx, next_a, next_dy);
-    } else {
-      load(row, ctx, cur_a, cur_dy);
-      const int64_t next_row = Cursor::row(base + Cursor::step());
-      prefetch_row_l2<G, ITEMS, VEC, CLUSTER>(a, a.a, a.a_row_stride, next_row);
-      prefetch_row_l2<G, ITEMS, VEC, CLUSTER>(a, a.dy, a.dy_row_stride, next_row);
     }
-    // (y, g) of every vector (hidden vectors: 0, so dx = 0). Masked rows keep them through the
-    // reduction (remaking them costs mask reads, exps and Philox); plain rows remake them from
-    // the raw vectors, which take half the registers.
+    // (y, g) of every vector; 0 outside the row and where hidden, so dx = 0 there (plain rows
+    // without prefetch get that from the zero vectors of load_live, and load in this loop).
+    constexpr bool kBranchless = !MASKED && !kPrefetch;
+    const T* src_a = a.a + row * a.a_row_stride;
+    const T* src_dy = a.dy + row * a.dy_row_stride;
     A y[ITEMS][VEC], g[ITEMS][VEC];
     A sum = 0;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int c0 = slice.column(i);
-      if (valid && c0 < cols && !ctx.hidden_from(c0)) {
-        ctx.template prepare<VEC>(a, c0, cur_a[i], cur_dy[i], ctx.template keep<VEC>(a, row, c0), y[i], g[i]);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) sum += ctx.partial(a, y[i][j], g[i][j]);
-      } else {
+      const bool live = valid && c0 < cols && !ctx.hidden_from(c0);
+      if (!kBranchless && !live) {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) y[i][j] = g[i][j] = A(0);
+        continue;
       }
+      if constexpr (!kPrefetch) {
+        cur_a[i] = load_live<T, VEC>(live, src_a + c0);
+        cur_dy[i] = load_live<T, VEC>(live, src_dy + c0);
+      }
+      ctx.template prepare<VEC>(a, c0, cur_a[i], cur_dy[i], ctx.template keep<VEC>(a, row, c0), y[i], g[i]);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) sum += ctx.partial(a, y[i][j], g[i][j]);
+    }
+    if constexpr (PERSISTENT && !kPrefetch) {
+      const int64_t next_row = Cursor::row(base + Cursor::step());
+      prefetch_row_l2<G, ITEMS, VEC, CLUSTER>(a, a.a, a.a_row_stride, next_row);
+      prefetch_row_l2<G, ITEMS, VEC, CLUSTER>(a, a.dy, a.dy_row_stride, next_row);
     }
     sum = row_reduce<G, CLUSTER>(sum, SumOp{}, A(0), scratch, &slots[parity]);
     T* dx = a.dx + row * a.cols;
@@ -655,7 +712,7 @@ __global__ void __launch_bounds__(block_threads(G)) register_backward_kernel(Bac
 #pragma unroll
           for (int j = 0; j < VEC; ++j) v.val[j] = from_acc<T>(A(0));
         } else {
-          if constexpr (!MASKED) ctx.template prepare<VEC>(a, c0, cur_a[i], cur_dy[i], ~0u, y[i], g[i]);
+          if constexpr (kRemake) ctx.template prepare<VEC>(a, c0, cur_a[i], cur_dy[i], ~0u, y[i], g[i]);
 #pragma unroll
           for (int j = 0; j < VEC; ++j) v.val[j] = from_acc<T>(ctx.grad(a, y[i][j], g[i][j], sum));
         }
@@ -820,6 +877,7 @@ struct Plan {
   int items;        // register rows: vectors per thread; 0 for streamed rows
   int cluster;      // blocks per row of cluster rows, else 1
   int cluster_threads;
+  bool persistent;  // register and cluster rows: a persistent, pipelined grid, else a row group per block
   bool cache;       // streamed rows staged in shared memory (also the fallback of cluster rows)
   size_t cache_bytes;
 };
@@ -828,7 +886,7 @@ struct Plan {
 template <typename T>
 Plan make_plan(int64_t cols, bool aligned, int tensors, int per_thread) {
   constexpr int kVec = kVec16<T>;
-  Plan plan{false, 32, 0, 1, 0, false, 0};
+  Plan plan{false, 32, 0, 1, 0, false, false, 0};
   plan.vectorized = aligned && cols % kVec == 0 && !std::is_same<T, double>::value;
   if (!plan.vectorized) {
     plan.group = cols <= 1024 ? 32 : kStreamThreads;
@@ -842,6 +900,7 @@ Plan make_plan(int64_t cols, bool aligned, int tensors, int per_thread) {
     while (group < threads) group *= 2;
     plan.group = group;
     plan.items = items;
+    plan.persistent = group >= kPersistentGroup;
     return plan;
   }
   plan.group = kStreamThreads;
@@ -856,6 +915,7 @@ Plan make_plan(int64_t cols, bool aligned, int tensors, int per_thread) {
     while (cluster * per_block < cols) cluster *= 2;
     plan.cluster = cluster;
     plan.items = items;
+    plan.persistent = true;
   }
   return plan;
 }
@@ -883,17 +943,21 @@ cudaError_t launch_streamed(Kernel kernel, const Args& args, const Plan& plan, i
   return cudaGetLastError();
 }
 
-// Register rows: one resident wave of blocks (the kernels loop over rows and prefetch), or fewer
-// when there are fewer rows.
+// Register rows: a block per row group (up to 2^30 blocks, then the kernels loop) or, persistent,
+// one resident wave of blocks (the kernels loop over rows and prefetch), or fewer when there are
+// fewer rows.
 template <class Kernel, class Args>
-cudaError_t launch_register_rows(Kernel kernel, const Args& args, int group, cudaStream_t stream) {
+cudaError_t launch_register_rows(Kernel kernel, const Args& args, int group, bool persistent, cudaStream_t stream) {
   const int threads = block_threads(group);
-  int per_sm = 1;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0) != cudaSuccess) {
-    cudaGetLastError();  // only a sizing hint: clear it and assume one block per SM
-    per_sm = 1;
+  int64_t blocks = row_blocks(args.rows, group);
+  if (persistent) {
+    int per_sm = 1;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0) != cudaSuccess) {
+      cudaGetLastError();  // only a sizing hint: clear it and assume one block per SM
+      per_sm = 1;
+    }
+    blocks = std::min<int64_t>(blocks, int64_t(sm_count()) * std::max(per_sm, 1));
   }
-  const int64_t blocks = std::min<int64_t>(row_blocks(args.rows, group), int64_t(sm_count()) * std::max(per_sm, 1));
   kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(args);
   return cudaGetLastError();
 }
@@ -925,9 +989,23 @@ cudaError_t launch_clusters(Kernel kernel, const Args& args, int cluster, int th
   return err != cudaSuccess ? err : cudaGetLastError();
 }
 
-// Instantiates and launches the kernel of a plan: Launch::register_rows<G, ITEMS, VEC>(),
-// Launch::cluster_rows<CLUSTER, G, ITEMS, VEC>() or Launch::streamed<G, VEC, CACHE>(), with
-// PER_THREAD elements a thread on register and cluster rows.
+// Register rows of group G, persistent or not as the plan says. Only what make_plan can choose
+// is built: a row group per block below kPersistentGroup, persistent from kPersistentOption on.
+template <int G, int ITEMS, int VEC, class Launch>
+cudaError_t dispatch_register_rows(const Plan& plan, Launch launch) {
+  if constexpr (G >= kPersistentOption) {
+    if (plan.persistent) return launch.template register_rows<G, ITEMS, VEC, true>();
+  }
+  if constexpr (G < kPersistentGroup) {
+    if (!plan.persistent) return launch.template register_rows<G, ITEMS, VEC, false>();
+  }
+  return cudaErrorInvalidConfiguration;
+}
+
+// Instantiates and launches the kernel of a plan:
+// Launch::register_rows<G, ITEMS, VEC, PERSISTENT>(), Launch::cluster_rows<CLUSTER, G, ITEMS, VEC>()
+// or Launch::streamed<G, VEC, CACHE>(), with PER_THREAD elements a thread on register and cluster
+// rows.
 template <typename T, int PER_THREAD, class Launch>
 cudaError_t dispatch_plan(const Plan& plan, Launch launch) {
   constexpr int kVec = kVec16<T>;
@@ -952,15 +1030,15 @@ cudaError_t dispatch_plan(const Plan& plan, Launch launch) {
   } else if (plan.items > 0) {
     if constexpr (!std::is_same<T, double>::value) {
       switch (plan.group) {
-        case 4: return launch.template register_rows<4, kItems, kVec>();
-        case 8: return launch.template register_rows<8, kItems, kVec>();
-        case 16: return launch.template register_rows<16, kItems, kVec>();
-        case 32: return launch.template register_rows<32, kItems, kVec>();
-        case 64: return launch.template register_rows<64, kItems, kVec>();
-        case 128: return launch.template register_rows<128, kItems, kVec>();
-        case 256: return launch.template register_rows<256, kItems, kVec>();
-        case 512: return launch.template register_rows<512, kItems, kVec>();
-        case 1024: return launch.template register_rows<1024, kItems, kVec>();
+        case 4: return dispatch_register_rows<4, kItems, kVec>(plan, launch);
+        case 8: return dispatch_register_rows<8, kItems, kVec>(plan, launch);
+        case 16: return dispatch_register_rows<16, kItems, kVec>(plan, launch);
+        case 32: return dispatch_register_rows<32, kItems, kVec>(plan, launch);
+        case 64: return dispatch_register_rows<64, kItems, kVec>(plan, launch);
+        case 128: return dispatch_register_rows<128, kItems, kVec>(plan, launch);
+        case 256: return dispatch_register_rows<256, kItems, kVec>(plan, launch);
+        case 512: return dispatch_register_rows<512, kItems, kVec>(plan, launch);
+        case 1024: return dispatch_register_rows<1024, kItems, kVec>(plan, launch);
         default: return cudaErrorInvalidConfiguration;
       }
     }
@@ -981,11 +1059,12 @@ template <typename T, bool MASKED> struct ForwardLaunch {
   const ForwardArgs<T>& args;
   const Plan& plan;
   cudaStream_t stream;
-  template <int G, int ITEMS, int VEC> cudaError_t register_rows() const {
-    return launch_register_rows(register_forward_kernel<T, G, ITEMS, VEC, MASKED, 1>, args, G, stream);
+  template <int G, int ITEMS, int VEC, bool PERSISTENT> cudaError_t register_rows() const {
+    return launch_register_rows(register_forward_kernel<T, G, ITEMS, VEC, MASKED, 1, PERSISTENT>, args, G, PERSISTENT,
+                                stream);
   }
   template <int CLUSTER, int G, int ITEMS, int VEC> cudaError_t cluster_rows() const {
-    return launch_clusters(register_forward_kernel<T, G, ITEMS, VEC, MASKED, CLUSTER>, args, CLUSTER, G, stream);
+    return launch_clusters(register_forward_kernel<T, G, ITEMS, VEC, MASKED, CLUSTER, true>, args, CLUSTER, G, stream);
   }
   template <int G, int VEC, bool CACHE> cudaError_t streamed() const {
     return launch_streamed(streamed_forward_kernel<T, G, VEC, MASKED, CACHE>, args, plan,
@@ -997,11 +1076,12 @@ template <typename T, bool MASKED> struct BackwardLaunch {
   const BackwardArgs<T>& args;
   const Plan& plan;
   cudaStream_t stream;
-  template <int G, int ITEMS, int VEC> cudaError_t register_rows() const {
-    return launch_register_rows(register_backward_kernel<T, G, ITEMS, VEC, MASKED, 1>, args, G, stream);
+  template <int G, int ITEMS, int VEC, bool PERSISTENT> cudaError_t register_rows() const {
+    return launch_register_rows(register_backward_kernel<T, G, ITEMS, VEC, MASKED, 1, PERSISTENT>, args, G, PERSISTENT,
+                                stream);
   }
   template <int CLUSTER, int G, int ITEMS, int VEC> cudaError_t cluster_rows() const {
-    return launch_clusters(register_backward_kernel<T, G, ITEMS, VEC, MASKED, CLUSTER>, args, CLUSTER, G, stream);
+    return launch_clusters(register_backward_kernel<T, G, ITEMS, VEC, MASKED, CLUSTER, true>, args, CLUSTER, G, stream);
   }
   template <int G, int VEC, bool CACHE> cudaError_t streamed() const {
     return launch_streamed(streamed_backward_kernel<T, G, VEC, MASKED, CACHE>, args, plan,
