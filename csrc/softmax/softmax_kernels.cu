@@ -853,6 +853,297 @@ __global__ void __launch_bounds__(block_threads(G)) streamed_backward_kernel(Bac
   }
 }
 
+// ---- staged rows (sm_90) ----------------------------------------------------------------------
+
+// Long unmasked rows on sm_90: a cluster of `cluster` blocks of kStagedThreads threads per row,
+// one block per SM, each block owning one chunk of the row (up to kStagedThreads * VECS vectors
+// per tensor). A ring of shared-memory stages holds the block's chunks of the next rows, filled
+// by sm_90 bulk copies (one instruction per chunk, issued by one thread, no registers held) as
+// soon as a stage is read, so ~192 KB per SM stay in flight through every row's reductions and
+// cluster barrier. A thread copies its vectors of the current row from its stage into registers
+// (in the storage type), the stage is refilled, and the row is reduced and written from there.
+constexpr int kStagedThreads = 1024;
+constexpr int kStagedRingBytes = 192 * 1024;  // shared memory of the stage ring (one block per SM)
+constexpr int kMaxStages = 16;
+constexpr int kStagedMaxCluster = 16;
+
+// The shape of a staged launch, fixed per row length: blocks per row, stages in the ring, and
+// the bytes a stage reserves per tensor (a chunk, or the whole row when it is shorter).
+struct StagedShape {
+  int cluster;
+  int stages;
+  int tensor_bytes;
+};
+
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// One mbarrier per stage, completed by the bytes of its bulk copies: thread 0 arms it with the
+// stage's byte count and issues the copies; every thread waits on it with the stage's phase.
+struct StageRing {
+  char* data;
+  uint64_t* full;
+  int stages;
+  int stage_bytes;
+
+  __device__ void init() const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < stages; ++s) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(&full[s])));
+      // The barriers must be initialized before the async proxy (the bulk copies) uses them.
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    }
+    __syncthreads();
+#endif
+  }
+  __device__ char* stage(int s) const { return data + s * stage_bytes; }
+  __device__ void arm(int s, uint32_t bytes) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(&full[s])), "r"(bytes)
+                 : "memory");
+#endif
+  }
+  // Copies `bytes` (a multiple of 16, 16-byte aligned ends) from global `src` to `dst` in stage s.
+  __device__ void copy(int s, void* dst, const void* src, uint32_t bytes) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     shared_address(dst)),
+                 "l"(src), "r"(bytes), "r"(shared_address(&full[s]))
+                 : "memory");
+#endif
+  }
+  __device__ void wait(int s, uint32_t phase) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const uint32_t bar = shared_address(&full[s]);
+    uint32_t done = 0;
+    while (!done) {
+      asm volatile(
+          "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+          : "=r"(done)
+          : "r"(bar), "r"(phase)
+          : "memory");
+    }
+#endif
+  }
+};
+
+// Where a block of a staged cluster works: its rank, its chunk of the row (first column and
+// length in elements, at least one element: the cluster is sized to the row), and its rows.
+template <typename T, int VECS> struct StagedSlice {
+  static constexpr int kChunk = kStagedThreads * VECS * kVec16<T>;  // elements per tensor
+  int cluster, rank, begin, len;
+  int64_t first, step;
+  __device__ StagedSlice(int64_t cols, int cluster_size) {
+    cluster = cluster_size;
+    rank = blockIdx.x % cluster;
+    begin = rank * kChunk;
+    len = static_cast<int>(std::min<int64_t>(cols - begin, kChunk));
+    first = blockIdx.x / cluster;
+    step = gridDim.x / cluster;
+  }
+  // Column (in the chunk) of the thread's vector i; live when inside the chunk.
+  __device__ __forceinline__ int column(int i) const { return (i * kStagedThreads + static_cast<int>(threadIdx.x)) * kVec16<T>; }
+};
+
+// Hides a vector's value from the compiler, so the values computed from it before are
+// recomputed after rather than kept live in (fp32) registers across the row's reductions.
+template <typename T, int VEC> __device__ __forceinline__ void opaque(AlignedVector<T, VEC>& v) {
+  static_assert(sizeof(v) == 16, "16-byte vectors");
+  uint32_t* words = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+  for (int w = 0; w < 4; ++w) asm volatile("" : "+r"(words[w]));
+}
+
+// Block reduction of a value whose warps' partials go to scratch[parity]; `after_sync` runs
+// once every thread has passed the barrier (the stage it read is free). Two scratch buffers
+// alternate between rows, so no second barrier is needed: buffer p is rewritten two rows later,
+// after the next row's barrier, which every thread passes only once it has read it.
+template <typename V, class Op, class AfterSync>
+__device__ __forceinline__ V staged_block_reduce(V value, Op op, V identity, V (&scratch)[2][32], int parity,
+                                                 AfterSync after_sync) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  value = warp_all_reduce<32>(value, op);
+  if (lane == 0) scratch[parity][warp] = value;
+  __syncthreads();
+  after_sync();
+  return warp_all_reduce<32>(lane < kStagedThreads / 32 ? scratch[parity][lane] : identity, op);
+}
+
+// The cluster's reduction of the blocks' values (cluster_reduce with a runtime cluster size).
+template <typename V, class Op>
+__device__ __forceinline__ V staged_cluster_reduce(V value, Op op, V identity, V* slot, int cluster) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (cluster > 1) {
+    cg::cluster_group group = cg::this_cluster();
+    if (threadIdx.x == 0) *slot = value;
+    group.sync();
+    const int lane = threadIdx.x % 32;
+    value = warp_all_reduce<32>(lane < cluster ? *group.map_shared_rank(slot, lane) : identity, op);
+  }
+#endif
+  return value;
+}
+
+template <typename T, int VECS>
+__global__ void __launch_bounds__(kStagedThreads, 1) staged_forward_kernel(ForwardArgs<T> a, StagedShape shape) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using A = acc_t<T>;
+  constexpr int VEC = kVec16<T>;
+  using Vec = AlignedVector<T, VEC>;
+  using Ctx = ForwardRow<T, false>;
+  extern __shared__ uint4 stage_storage[];
+  __shared__ uint64_t full[kMaxStages];
+  __shared__ MaxSum<A> scratch[2][32];
+  __shared__ MaxSum<A> slots[2];
+  const StagedSlice<T, VECS> slice(a.cols, shape.cluster);
+  const StageRing ring{reinterpret_cast<char*>(stage_storage), full, shape.stages, shape.tensor_bytes};
+  ring.init();
+  const uint32_t bytes = static_cast<uint32_t>(slice.len * sizeof(T));
+  auto fill = [&](int s, int64_t row) {  // thread 0
+    ring.arm(s, bytes);
+    ring.copy(s, ring.stage(s), a.x + row * a.x_row_stride + slice.begin, bytes);
+  };
+  const int64_t ahead = static_cast<int64_t>(shape.stages) * slice.step;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < shape.stages && slice.first + s * slice.step < a.rows; ++s) fill(s, slice.first + s * slice.step);
+  }
+  const MaxSum<A> identity{neg_inf<A>(), A(0)};
+  const Ctx ctx(a, 0);
+  int s = 0, parity = 0;
+  uint32_t phase = 0;
+  for (int64_t row = slice.first; row < a.rows; row += slice.step) {
+    ring.wait(s, phase);
+    const T* chunk = reinterpret_cast<const T*>(ring.stage(s));
+    Vec v[VECS];
+#pragma unroll
+    for (int i = 0; i < VECS; ++i) {
+      if (slice.column(i) < slice.len) v[i] = load_vector<T, VEC>(chunk + slice.column(i));
+    }
+    // The thread's max and sum of exp(logit - that max): one pass over its registers.
+    A thread_max = neg_inf<A>();
+#pragma unroll
+    for (int i = 0; i < VECS; ++i) {
+      if (slice.column(i) >= slice.len) continue;
+      A logits[VEC];
+      ctx.template logits<VEC>(a, 0, v[i], logits);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) thread_max = nan_max(thread_max, logits[j]);
+    }
+    const A shift = thread_max == neg_inf<A>() ? A(0) : thread_max;
+    A sum = 0;
+#pragma unroll
+    for (int i = 0; i < VECS; ++i) {
+      if (slice.column(i) >= slice.len) continue;
+      A logits[VEC];
+      ctx.template logits<VEC>(a, 0, v[i], logits);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) sum += exp_acc<T>(logits[j] - shift);
+    }
+    MaxSum<A> total = staged_block_reduce(MaxSum<A>{thread_max, sum}, MaxSumOp<T>{}, identity, scratch, parity, [&] {
+      if (threadIdx.x == 0 && row + ahead < a.rows) fill(s, row + ahead);
+    });
+    total = staged_cluster_reduce(total, MaxSumOp<T>{}, identity, &slots[parity], slice.cluster);
+    const RowStats<T> stats(total.max, total.sum, a.log);
+#pragma unroll
+    for (int i = 0; i < VECS; ++i) opaque(v[i]);
+#pragma unroll
+    for (int i = 0; i < VECS; ++i) {
+      if (slice.column(i) >= slice.len) continue;
+      A logits[VEC];
+      ctx.template logits<VEC>(a, 0, v[i], logits);
+      ctx.template store<VEC, false>(a, row, slice.begin + slice.column(i), logits, stats);
+    }
+    parity ^= 1;
+    if (++s == shape.stages) {
+      s = 0;
+      phase ^= 1;
+    }
+  }
+  if (slice.cluster > 1) cg::this_cluster().sync();  // no block exits while its slots are read
+#endif
+}
+
+template <typename T, int VECS>
+__global__ void __launch_bounds__(kStagedThreads, 1) staged_backward_kernel(BackwardArgs<T> a, StagedShape shape) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using A = acc_t<T>;
+  constexpr int VEC = kVec16<T>;
+  using Vec = AlignedVector<T, VEC>;
+  using Ctx = BackwardRow<T, false>;
+  extern __shared__ uint4 stage_storage[];
+  __shared__ uint64_t full[kMaxStages];
+  __shared__ A scratch[2][32];
+  __shared__ A slots[2];
+  const StagedSlice<T, VECS> slice(a.cols, shape.cluster);
+  // A stage holds the block's chunk of `a` (y), then its chunk of dy.
+  const StageRing ring{reinterpret_cast<char*>(stage_storage), full, shape.stages, 2 * shape.tensor_bytes};
+  ring.init();
+  const uint32_t bytes = static_cast<uint32_t>(slice.len * sizeof(T));
+  auto fill = [&](int s, int64_t row) {  // thread 0
+    ring.arm(s, 2 * bytes);
+    ring.copy(s, ring.stage(s), a.a + row * a.a_row_stride + slice.begin, bytes);
+    ring.copy(s, ring.stage(s) + shape.tensor_bytes, a.dy + row * a.dy_row_stride + slice.begin, bytes);
+  };
+  const int64_t ahead = static_cast<int64_t>(shape.stages) * slice.step;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < shape.stages && slice.first + s * slice.step < a.rows; ++s) fill(s, slice.first + s * slice.step);
+  }
+  const Ctx ctx(a, 0, false);
+  int s = 0, parity = 0;
+  uint32_t phase = 0;
+  for (int64_t row = slice.first; row < a.rows; row += slice.step) {
+    ring.wait(s, phase);
+    const T* chunk_a = reinterpret_cast<const T*>(ring.stage(s));
+    const T* chunk_dy = reinterpret_cast<const T*>(ring.stage(s) + shape.tensor_bytes);
+    Vec va[VECS], vdy[VECS];
+#pragma unroll
+    for (int i = 0; i < VECS; ++i) {
+      if (slice.column(i) < slice.len) {
+        va[i] = load_vector<T, VEC>(chunk_a + slice.column(i));
+        vdy[i] = load_vector<T, VEC>(chunk_dy + slice.column(i));
+      }
+    }
+    A sum = 0;
+#pragma unroll
+    for (int i = 0; i < VECS; ++i) {
+      if (slice.column(i) >= slice.len) continue;
+      A y[VEC], g[VEC];
+      ctx.template prepare<VEC>(a, 0, va[i], vdy[i], ~0u, y, g);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) sum += ctx.partial(a, y[j], g[j]);
+    }
+    sum = staged_block_reduce(sum, SumOp{}, A(0), scratch, parity, [&] {
+      if (threadIdx.x == 0 && row + ahead < a.rows) fill(s, row + ahead);
+    });
+    sum = staged_cluster_reduce(sum, SumOp{}, A(0), &slots[parity], slice.cluster);
+#pragma unroll
+    for (int i = 0; i < VECS; ++i) {
+      opaque(va[i]);
+      opaque(vdy[i]);
+    }
+    T* dx = a.dx + row * a.cols + slice.begin;
+#pragma unroll
+    for (int i = 0; i < VECS; ++i) {
+      if (slice.column(i) >= slice.len) continue;
+      A y[VEC], g[VEC];
+      ctx.template prepare<VEC>(a, 0, va[i], vdy[i], ~0u, y, g);
+      Vec out;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) out.val[j] = from_acc<T>(ctx.grad(a, y[j], g[j], sum));
+      store_vector<T, VEC>(dx + slice.column(i), out);
+    }
+    parity ^= 1;
+    if (++s == shape.stages) {
+      s = 0;
+      phase ^= 1;
+    }
+  }
+  if (slice.cluster > 1) cg::this_cluster().sync();  // no block exits while its slots are read
+#endif
+}
+
 // ---- launch ----------------------------------------------------------------------------------
 
 int device_attribute(cudaDeviceAttr attribute) {
@@ -880,13 +1171,35 @@ struct Plan {
   bool persistent;  // register and cluster rows: a persistent, pipelined grid, else a row group per block
   bool cache;       // streamed rows staged in shared memory (also the fallback of cluster rows)
   size_t cache_bytes;
+  int staged_vecs;  // staged rows: vectors per thread and tensor (cluster: blocks per row); 0 otherwise
 };
 
-// per_thread: elements a thread keeps in registers on register and cluster rows.
+// Staged rows: vectors per thread and tensor, and the blocks per row (`cluster`); 0 when no
+// chunk size fits the row in kStagedMaxCluster blocks. The forward holds 4 vectors (three 64 KB
+// stages); the backward 2 of each tensor (three stages of 2 x 32 KB) while a portable cluster
+// of 8 holds the row, then 4 (one stage of 2 x 64 KB, the registers being the second buffer).
+template <typename T> int staged_vecs(int64_t cols, int tensors, int& cluster) {
+  auto blocks = [&](int vecs) {
+    const int64_t chunk = int64_t(kStagedThreads) * vecs * kVec16<T>;
+    return (cols + chunk - 1) / chunk;
+  };
+  if (tensors == 2 && blocks(2) <= 8) {
+    cluster = static_cast<int>(blocks(2));
+    return 2;
+  }
+  if (blocks(4) <= kStagedMaxCluster) {
+    cluster = static_cast<int>(blocks(4));
+    return 4;
+  }
+  return 0;
+}
+
+// per_thread: elements a thread keeps in registers on register and cluster rows. `masked`
+// rows take cluster rows where unmasked ones take staged rows.
 template <typename T>
-Plan make_plan(int64_t cols, bool aligned, int tensors, int per_thread) {
+Plan make_plan(int64_t cols, bool aligned, int tensors, int per_thread, bool masked) {
   constexpr int kVec = kVec16<T>;
-  Plan plan{false, 32, 0, 1, 0, false, false, 0};
+  Plan plan{false, 32, 0, 1, 0, false, false, 0, 0};
   plan.vectorized = aligned && cols % kVec == 0 && !std::is_same<T, double>::value;
   if (!plan.vectorized) {
     plan.group = cols <= 1024 ? 32 : kStreamThreads;
@@ -907,7 +1220,9 @@ Plan make_plan(int64_t cols, bool aligned, int tensors, int per_thread) {
   plan.cache_bytes = static_cast<size_t>(cols) * sizeof(T) * tensors;
   plan.cache = plan.cache_bytes <= static_cast<size_t>(kMaxCacheBytes);
   if (!plan.cache) plan.cache_bytes = 0;
-  if (clusters && cols <= int64_t(per_thread) * kWideClusterThreads * kMaxCluster) {
+  if (clusters && !masked) {
+    plan.staged_vecs = staged_vecs<T>(cols, tensors, plan.cluster);
+  } else if (clusters && cols <= int64_t(per_thread) * kWideClusterThreads * kMaxCluster) {
     plan.cluster_threads =
         cols <= int64_t(per_thread) * kClusterThreads * kMaxCluster ? kClusterThreads : kWideClusterThreads;
     const int64_t per_block = int64_t(per_thread) * plan.cluster_threads;
@@ -989,6 +1304,41 @@ cudaError_t launch_clusters(Kernel kernel, const Args& args, int cluster, int th
   return err != cudaSuccess ? err : cudaGetLastError();
 }
 
+// Staged rows: one resident wave of clusters (one block per SM), each looping over rows, or one
+// cluster per row when there are fewer rows; cudaErrorNotSupported, with no launch and no error
+// left behind, when the device cannot co-schedule such a cluster with its stage ring.
+template <typename T, int VECS, class Kernel, class Args>
+cudaError_t launch_staged(Kernel kernel, const Args& args, int cluster, int tensors, cudaStream_t stream) {
+  StagedShape shape;
+  shape.cluster = cluster;
+  const int64_t chunk_bytes = int64_t(kStagedThreads) * VECS * 16;
+  shape.tensor_bytes = static_cast<int>((std::min<int64_t>(chunk_bytes, args.cols * int64_t(sizeof(T))) + 127) / 128 * 128);
+  shape.stages = std::min(kMaxStages, kStagedRingBytes / (tensors * shape.tensor_bytes));
+  const int smem = shape.stages * tensors * shape.tensor_bytes;
+  cudaLaunchAttribute attribute;
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = cluster;
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(cluster));
+  config.blockDim = dim3(kStagedThreads);
+  config.dynamicSmemBytes = static_cast<size_t>(smem);
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  int active = 0;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess ||
+      (cluster > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) ||
+      cudaOccupancyMaxActiveClusters(&active, kernel, &config) != cudaSuccess || active == 0) {
+    cudaGetLastError();  // clear the query's error: the caller falls back
+    return cudaErrorNotSupported;
+  }
+  config.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(args.rows, active) * cluster));
+  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, args, shape);
+  return err != cudaSuccess ? err : cudaGetLastError();
+}
+
 // Register rows of group G, persistent or not as the plan says. Only what make_plan can choose
 // is built: a row group per block below kPersistentGroup, persistent from kPersistentOption on.
 template <int G, int ITEMS, int VEC, class Launch>
@@ -1010,7 +1360,14 @@ template <typename T, int PER_THREAD, class Launch>
 cudaError_t dispatch_plan(const Plan& plan, Launch launch) {
   constexpr int kVec = kVec16<T>;
   constexpr int kItems = PER_THREAD / kVec;
-  if (plan.cluster > 1) {
+  if (plan.staged_vecs > 0) {
+    cudaError_t err = cudaErrorNotSupported;
+    if constexpr (!std::is_same<T, double>::value) {
+      err = plan.staged_vecs == 2 ? launch.template staged<2>() : launch.template staged<4>();
+    }
+    if (err != cudaErrorNotSupported) return err;
+    // The device cannot hold such a cluster with its stage ring: stream the row instead.
+  } else if (plan.cluster > 1) {
     cudaError_t err = cudaErrorNotSupported;
     if constexpr (!std::is_same<T, double>::value) {
       if (plan.cluster_threads == kWideClusterThreads) {
@@ -1066,6 +1423,13 @@ template <typename T, bool MASKED> struct ForwardLaunch {
   template <int CLUSTER, int G, int ITEMS, int VEC> cudaError_t cluster_rows() const {
     return launch_clusters(register_forward_kernel<T, G, ITEMS, VEC, MASKED, CLUSTER, true>, args, CLUSTER, G, stream);
   }
+  template <int VECS> cudaError_t staged() const {
+    if constexpr (MASKED || VECS != 4) {
+      return cudaErrorNotSupported;  // masked rows take cluster rows; the forward holds 4 vectors
+    } else {
+      return launch_staged<T, VECS>(staged_forward_kernel<T, VECS>, args, plan.cluster, 1, stream);
+    }
+  }
   template <int G, int VEC, bool CACHE> cudaError_t streamed() const {
     return launch_streamed(streamed_forward_kernel<T, G, VEC, MASKED, CACHE>, args, plan,
                            args.cols * int64_t(sizeof(T)), stream);
@@ -1082,6 +1446,13 @@ template <typename T, bool MASKED> struct BackwardLaunch {
   }
   template <int CLUSTER, int G, int ITEMS, int VEC> cudaError_t cluster_rows() const {
     return launch_clusters(register_backward_kernel<T, G, ITEMS, VEC, MASKED, CLUSTER, true>, args, CLUSTER, G, stream);
+  }
+  template <int VECS> cudaError_t staged() const {
+    if constexpr (MASKED) {
+      return cudaErrorNotSupported;  // make_plan gives masked rows cluster rows instead
+    } else {
+      return launch_staged<T, VECS>(staged_backward_kernel<T, VECS>, args, plan.cluster, 2, stream);
+    }
   }
   template <int G, int VEC, bool CACHE> cudaError_t streamed() const {
     return launch_streamed(streamed_backward_kernel<T, G, VEC, MASKED, CACHE>, args, plan,
@@ -1133,7 +1504,7 @@ cudaError_t launch_softmax_fwd(const SoftmaxParams& p, DType dtype, cudaStream_t
   return FUSEDOPS_DISPATCH_FLOAT_TYPES(dtype, T, [&] {
     const auto args = forward_args<T>(p.x, p.y, p.rows, p.cols, p.x_row_stride, p.scale, p.log);
     const bool aligned = rows_aligned(p.x, p.x_row_stride, sizeof(T)) && is_aligned(p.y, 16);
-    const Plan plan = make_plan<T>(p.cols, aligned, 1, kRegisterElems);
+    const Plan plan = make_plan<T>(p.cols, aligned, 1, kRegisterElems, false);
     return dispatch_plan<T, kRegisterElems>(plan, ForwardLaunch<T, false>{args, plan, stream});
   });
 }
@@ -1144,7 +1515,7 @@ cudaError_t launch_softmax_bwd(const SoftmaxBackwardParams& p, DType dtype, cuda
     const auto args = backward_args<T>(p.y, p.dy, p.dx, p.rows, p.cols, p.y_row_stride, p.dy_row_stride, p.scale, p.log);
     const bool aligned = rows_aligned(p.y, p.y_row_stride, sizeof(T)) &&
                          rows_aligned(p.dy, p.dy_row_stride, sizeof(T)) && is_aligned(p.dx, 16);
-    const Plan plan = make_plan<T>(p.cols, aligned, 2, kRegisterElems);
+    const Plan plan = make_plan<T>(p.cols, aligned, 2, kRegisterElems, false);
     return dispatch_plan<T, kRegisterElems>(plan, BackwardLaunch<T, false>{args, plan, stream});
   });
 }
@@ -1163,7 +1534,7 @@ cudaError_t launch_masked_softmax_fwd(const MaskedSoftmaxParams& p, DType dtype,
     args.keep_scale = static_cast<acc_t<T>>(1.0 / (1.0 - p.p));
     args.philox = p.philox;
     const bool aligned = rows_aligned(p.x, p.x_row_stride, sizeof(T)) && is_aligned(p.out, 16);
-    const Plan plan = make_plan<T>(p.cols, aligned, 1, kRegisterElems);
+    const Plan plan = make_plan<T>(p.cols, aligned, 1, kRegisterElems, true);
     return dispatch_plan<T, kRegisterElems>(plan, ForwardLaunch<T, true>{args, plan, stream});
   });
 }
@@ -1182,7 +1553,7 @@ cudaError_t launch_masked_softmax_bwd(const MaskedSoftmaxBackwardParams& p, DTyp
     args.keep_scale = static_cast<acc_t<T>>(1.0 / (1.0 - p.p));
     const bool aligned = rows_aligned(p.x, p.x_row_stride, sizeof(T)) &&
                          rows_aligned(p.dy, p.dy_row_stride, sizeof(T)) && is_aligned(p.dx, 16);
-    const Plan plan = make_plan<T>(p.cols, aligned, 2, kRegisterElems);
+    const Plan plan = make_plan<T>(p.cols, aligned, 2, kRegisterElems, true);
     return dispatch_plan<T, kRegisterElems>(plan, BackwardLaunch<T, true>{args, plan, stream});
   });
 }
