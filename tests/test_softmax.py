@@ -12,8 +12,9 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # Row lengths by the path they take (on sm_90): 1, 7, 41, 1023, 4097 (no 16-byte vector fits:
 # streamed scalar rows), 8 and 128 (sub-warp groups), 1024 and 4096 (a block per row, in
 # registers), 200 and 1000 (register rows whose groups reach past the row's end: their last
-# vectors load nothing), 16384, 32768, 65536 (clusters of 2, 4, 8 blocks); plus a row count past
-# 65535 (1-D grid over rows). LONG_SHAPES: 262144 (a cluster of 16), 1048576 (streamed, two passes).
+# vectors load nothing), 16384, 32768, 65536 (staged rows: clusters of 1-4 blocks of 1024 threads,
+# fewer rows than clusters); plus a row count past 65535 (1-D grid over rows). LONG_SHAPES: 262144
+# (staged: 8 blocks for 16-bit rows, 16 for fp32), 1048576 (streamed, two passes).
 SHAPES = [(1,), (3, 7), (6, 41), (5, 1023), (4, 4097), (70000, 8), (3, 5, 128), (33, 1024), (2, 3, 4096),
           (700, 200), (9, 1000), (7, 16384), (3, 32768), (2, 65536)]
 LONG_SHAPES = [(2, 262144), (1, 1048576)]
@@ -211,14 +212,20 @@ def test_softmax_long_rows(shape, dtype, log):
 
 
 # Many rows per launch. Register rows take a block per row group (many blocks, the last one
-# partly past the end); cluster rows run on a persistent grid (one resident wave) that loops over
-# rows and prefetches the next row, so every cluster handles many rows, alternating its two
-# partial slots, and the last iteration's prefetch runs past the end. Row lengths at the
-# boundaries of each path (16-bit / fp32): 8192 (one 512-thread block), 8200 (cluster of 2, last
-# block mostly empty), 131072 (16 blocks of 512), 131080 (16 blocks of 1024), 262144 (16 full
-# blocks of 1024), 262152 (streamed).
-MANY_ROW_SHAPES = [(70000, 256), (20000, 1024), (3000, 8192), (1500, 8200), (600, 32768), (300, 65536),
-                     (60, 131072), (40, 131080), (30, 262144), (12, 262152)]
+# partly past the end); staged rows run on a persistent grid (one resident wave of clusters)
+# that loops over rows through a ring of shared-memory stages, so every cluster handles many
+# rows, reusing each stage and alternating its two partial slots. Staged rows hold, per thread
+# and tensor, 4 vectors in the forward (a block's chunk: 32768 16-bit / 16384 fp32 elements) and
+# 2 (chunk 16384 / 8192) or 4 in the backward (4 when 2 would take more than 8 blocks). Row
+# lengths (forward / backward blocks, bf16 then fp32): 8192 (one 512-thread register block),
+# 8200 (bf16 1 / 1 with 11 stages in the ring; fp32 1 / 2, the backward's second block holding 8
+# elements), 32768 (1 / 2; 2 / 4), 40008 (2 / 3; 3 / 5: odd clusters, partial last chunks),
+# 65536 (2 / 4; 4 / 8), 131072 (4 / 8; 8 / 8 with 4 vectors), 131080 (5 / 5 with 4 vectors; 9 / 9:
+# non-portable clusters), 262144 (8 / 8; 16 / 16), 262152 (9 / 9; streamed), 524288 (16 / 16;
+# streamed), 524296 (streamed).
+MANY_ROW_SHAPES = [(70000, 256), (20000, 1024), (3000, 8192), (1500, 8200), (600, 32768), (400, 40008),
+                   (300, 65536), (60, 131072), (40, 131080), (30, 262144), (12, 262152), (6, 524288),
+                   (4, 524296)]
 
 
 @pytest.mark.gpu
@@ -247,10 +254,12 @@ def test_softmax_float64(log):
 @pytest.mark.gpu
 @pytest.mark.sanitizer
 # (6000, 128): many blocks of row groups; (5, 1000): groups reaching past the row's end;
-# (300, 20000): more rows than the persistent grid of clusters holds, so clusters loop (partial
-# slots reused, prefetch past the last row).
+# staged rows: (2, 20000) (fp16 forward 1 block, backward 2; fp32 2 / 3), (1, 70000) (3 / 5;
+# 5 / 5 with 4 vectors), (2, 140000) (5 / 5 with 4 vectors; 9 / 9, non-portable clusters);
+# (300, 20000) and (300, 8200) (ring of 11 stages): more rows than the persistent grid of
+# clusters holds, so clusters loop (stages refilled, partial slots reused).
 @pytest.mark.parametrize("shape", [(3, 7), (5, 64), (4, 1024), (5, 1000), (2, 4096), (2, 20000), (1, 70000),
-                                   (6000, 128), (300, 20000)], ids=str)
+                                   (2, 140000), (6000, 128), (300, 20000), (300, 8200)], ids=str)
 def test_softmax_small_cases_sanitizer(shape):
     for log in (False, True):
         _check_softmax(shape, torch.float16, log)
@@ -301,12 +310,27 @@ def test_infinities_and_large_inputs(dtype, cols):
 
 
 @pytest.mark.gpu
-def test_softmax_repeatable():
-    x = torch.randn(64, 5000, device="cuda")
+@pytest.mark.parametrize("cols", [5000, 40008, 262144])
+def test_softmax_repeatable(cols):
+    x = torch.randn(max(1, 2**20 // cols), cols, device="cuda")
     grad = torch.randn_like(x)
     first = _grads(fusedops.softmax, x, grad)
     second = _grads(fusedops.softmax, x, grad)
     assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cols", [8200, 40008, 131080])
+def test_staged_rows_strided_views(dtype, cols):
+    """Staged rows read x and grad_output through their own row strides (aligned row-strided
+    views, offset by 8 elements), and take many rows per cluster."""
+    rows = 2 * 132 + 3
+    base = torch.randn(rows, cols + 16, dtype=dtype, device="cuda")
+    grad_base = torch.randn(rows, cols + 24, dtype=dtype, device="cuda")
+    x, grad = base[:, 8:cols + 8], grad_base[:, 16:cols + 16]
+    for log in (False, True):
+        _check_softmax(x.shape, dtype, log, scale=0.7, x=x, grad=grad)
 
 
 # ---- masked_softmax ----------------------------------------------------------------------------

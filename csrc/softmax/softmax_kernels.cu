@@ -1001,9 +1001,9 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_forward_kernel(Forwa
   const StageRing ring{reinterpret_cast<char*>(stage_storage), full, shape.stages, shape.tensor_bytes};
   ring.init();
   const uint32_t bytes = static_cast<uint32_t>(slice.len * sizeof(T));
-  auto fill = [&](int s, int64_t row) {  // thread 0
-    ring.arm(s, bytes);
-    ring.copy(s, ring.stage(s), a.x + row * a.x_row_stride + slice.begin, bytes);
+  auto fill = [&](int stage, int64_t row) {  // thread 0
+    ring.arm(stage, bytes);
+    ring.copy(stage, ring.stage(stage), a.x + row * a.x_row_stride + slice.begin, bytes);
   };
   const int64_t ahead = static_cast<int64_t>(shape.stages) * slice.step;
   if (threadIdx.x == 0) {
@@ -1081,10 +1081,10 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_backward_kernel(Back
   const StageRing ring{reinterpret_cast<char*>(stage_storage), full, shape.stages, 2 * shape.tensor_bytes};
   ring.init();
   const uint32_t bytes = static_cast<uint32_t>(slice.len * sizeof(T));
-  auto fill = [&](int s, int64_t row) {  // thread 0
-    ring.arm(s, 2 * bytes);
-    ring.copy(s, ring.stage(s), a.a + row * a.a_row_stride + slice.begin, bytes);
-    ring.copy(s, ring.stage(s) + shape.tensor_bytes, a.dy + row * a.dy_row_stride + slice.begin, bytes);
+  auto fill = [&](int stage, int64_t row) {  // thread 0
+    ring.arm(stage, 2 * bytes);
+    ring.copy(stage, ring.stage(stage), a.a + row * a.a_row_stride + slice.begin, bytes);
+    ring.copy(stage, ring.stage(stage) + shape.tensor_bytes, a.dy + row * a.dy_row_stride + slice.begin, bytes);
   };
   const int64_t ahead = static_cast<int64_t>(shape.stages) * slice.step;
   if (threadIdx.x == 0) {
@@ -1421,7 +1421,11 @@ template <typename T, bool MASKED> struct ForwardLaunch {
                                 stream);
   }
   template <int CLUSTER, int G, int ITEMS, int VEC> cudaError_t cluster_rows() const {
-    return launch_clusters(register_forward_kernel<T, G, ITEMS, VEC, MASKED, CLUSTER, true>, args, CLUSTER, G, stream);
+    if constexpr (MASKED) {
+      return launch_clusters(register_forward_kernel<T, G, ITEMS, VEC, MASKED, CLUSTER, true>, args, CLUSTER, G, stream);
+    } else {
+      return cudaErrorNotSupported;  // make_plan gives unmasked rows staged rows instead
+    }
   }
   template <int VECS> cudaError_t staged() const {
     if constexpr (MASKED || VECS != 4) {
@@ -1445,7 +1449,11 @@ template <typename T, bool MASKED> struct BackwardLaunch {
                                 stream);
   }
   template <int CLUSTER, int G, int ITEMS, int VEC> cudaError_t cluster_rows() const {
-    return launch_clusters(register_backward_kernel<T, G, ITEMS, VEC, MASKED, CLUSTER, true>, args, CLUSTER, G, stream);
+    if constexpr (MASKED) {
+      return launch_clusters(register_backward_kernel<T, G, ITEMS, VEC, MASKED, CLUSTER, true>, args, CLUSTER, G, stream);
+    } else {
+      return cudaErrorNotSupported;  // make_plan gives unmasked rows staged rows instead
+    }
   }
   template <int VECS> cudaError_t staged() const {
     if constexpr (MASKED) {
