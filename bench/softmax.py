@@ -11,7 +11,7 @@ from .common import backward_thunk, liger, progress, try_compile
 
 NUMEL = 2**27
 SIZES = [128, 1024, 4096, 16384, 65536, 262144]
-# quick: bf16 only, one register-row and one cluster-row size (torch.compile takes seconds per shape)
+# quick: bf16 only, one register-row and one staged-row size (torch.compile takes seconds per shape)
 QUICK_SIZES = [1024, 65536]
 
 

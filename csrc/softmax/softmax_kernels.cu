@@ -8,7 +8,11 @@
 //   sized to the data: every thread loads its row, reduces and writes it, and the other resident
 //   blocks keep the loads in flight meanwhile. The forward reduces the row max, then the sum of
 //   exp(logit - row max), keeping those exps (one exp per element);
-// - cluster rows (sm_90, cols up to 16x that of a 512- or 1024-thread block): the row is split
+// - staged rows (sm_90, unmasked rows past one register block, up to 16 blocks of 64 KB): a
+//   cluster of 1024-thread blocks per row, one block per SM, each owning a chunk of the row; a
+//   ring of shared-memory stages, filled by bulk copies, keeps the next rows' chunks in flight
+//   while the current row is reduced and written from registers (see "staged rows" below);
+// - cluster rows (sm_90, masked rows up to 16x that of a 512- or 1024-thread block): the row is split
 //   over a thread-block cluster of CLUSTER blocks, each keeping its slice in registers; the
 //   blocks combine their partials through distributed shared memory with one cluster barrier
 //   per row, so the row is still read once. The grid is persistent (PERSISTENT: one resident
@@ -1166,10 +1170,10 @@ struct Plan {
   bool vectorized;  // 16-byte accesses: aligned pointers, row strides and cols multiples of VEC
   int group;        // threads per row
   int items;        // register rows: vectors per thread; 0 for streamed rows
-  int cluster;      // blocks per row of cluster rows, else 1
+  int cluster;      // blocks per row of cluster and staged rows, else 1
   int cluster_threads;
   bool persistent;  // register and cluster rows: a persistent, pipelined grid, else a row group per block
-  bool cache;       // streamed rows staged in shared memory (also the fallback of cluster rows)
+  bool cache;       // streamed rows kept in shared memory (also the fallback of cluster and staged rows)
   size_t cache_bytes;
   int staged_vecs;  // staged rows: vectors per thread and tensor (cluster: blocks per row); 0 otherwise
 };
