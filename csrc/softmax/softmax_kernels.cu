@@ -104,15 +104,27 @@ template <typename A> __device__ __forceinline__ A mul_rn(A a, A b) {
   else return __fmul_rn(a, b);
 }
 
-// Combines the (max, sum) partials of a row's blocks (clusters).
-template <typename T> struct MaxSumOp {
+// 2^v in one MUFU.EX2 (a couple of fp32 ulp): 16-bit staged rows work with base-2 logits.
+__device__ __forceinline__ float exp2_fast(float v) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+  return r;
+}
+
+// Combines the (max, sum) partials of a row's blocks (clusters); BASE2: of base-2 logits, whose
+// sums are of 2^(logit - max).
+template <typename T, bool BASE2 = false> struct MaxSumOp {
   using A = acc_t<T>;
+  __device__ __forceinline__ static A exp(A v) {
+    if constexpr (BASE2) return exp2_fast(v);
+    else return exp_acc<T>(v);
+  }
   // Commutative bit for bit, so every lane (and every block of a cluster) agrees on the result.
   __device__ __forceinline__ MaxSum<A> operator()(MaxSum<A> p, MaxSum<A> q) const {
     const A m = nan_max(p.max, q.max);
     if (m == neg_inf<A>()) return {m, A(0)};
     // Products rounded on their own: an FMA would round p's and q's terms differently.
-    return {m, mul_rn(p.sum, exp_acc<T>(p.max - m)) + mul_rn(q.sum, exp_acc<T>(q.max - m))};
+    return {m, mul_rn(p.sum, exp(p.max - m)) + mul_rn(q.sum, exp(q.max - m))};
   }
 };
 
@@ -861,12 +873,15 @@ __global__ void __launch_bounds__(block_threads(G)) streamed_backward_kernel(Bac
 
 // Long unmasked rows on sm_90: a cluster of `cluster` blocks of kStagedThreads threads per row,
 // one block per SM, each block owning one chunk of the row (up to kStagedThreads * VECS vectors
-// per tensor). A ring of shared-memory stages holds the block's chunks of the next rows, filled
+// per tensor; 512 threads of 8 vectors take fewer instructions a byte than 1024 of 4: the
+// reductions are per thread). A ring of shared-memory stages holds the block's chunks of the next rows, filled
 // by sm_90 bulk copies (one instruction per chunk, issued by one thread, no registers held) as
 // soon as a stage is read, so ~192 KB per SM stay in flight through every row's reductions and
 // cluster barrier. A thread copies its vectors of the current row from its stage into registers
 // (in the storage type), the stage is refilled, and the row is reduced and written from there.
-constexpr int kStagedThreads = 1024;
+constexpr int kStagedThreads = 512;
+constexpr int kWideChunkBytes = 64 * 1024;    // a block's chunk of a row (per tensor)
+constexpr int kNarrowChunkBytes = 32 * 1024;  // the backward's while a cluster of 8 holds the row
 constexpr int kStagedRingBytes = 192 * 1024;  // shared memory of the stage ring (one block per SM)
 constexpr int kMaxStages = 16;
 constexpr int kStagedMaxCluster = 16;
@@ -965,14 +980,14 @@ template <typename T, int VEC> __device__ __forceinline__ void opaque(AlignedVec
 // alternate between rows, so no second barrier is needed: buffer p is rewritten two rows later,
 // after the next row's barrier, which every thread passes only once it has read it.
 template <typename V, class Op, class AfterSync>
-__device__ __forceinline__ V staged_block_reduce(V value, Op op, V identity, V (&scratch)[2][32], int parity,
+__device__ __forceinline__ V staged_block_reduce(V value, Op op, V identity, V (&scratch)[2][kStagedThreads / 32], int parity,
                                                  AfterSync after_sync) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   value = warp_all_reduce<32>(value, op);
   if (lane == 0) scratch[parity][warp] = value;
   __syncthreads();
   after_sync();
-  return warp_all_reduce<32>(lane < kStagedThreads / 32 ? scratch[parity][lane] : identity, op);
+  return warp_all_reduce<kStagedThreads / 32>(lane < kStagedThreads / 32 ? scratch[parity][lane] : identity, op);
 }
 
 // The cluster's reduction of the blocks' values (cluster_reduce with a runtime cluster size).
@@ -984,7 +999,7 @@ __device__ __forceinline__ V staged_cluster_reduce(V value, Op op, V identity, V
     if (threadIdx.x == 0) *slot = value;
     group.sync();
     const int lane = threadIdx.x % 32;
-    value = warp_all_reduce<32>(lane < cluster ? *group.map_shared_rank(slot, lane) : identity, op);
+    value = warp_all_reduce<kStagedMaxCluster>(lane < cluster ? *group.map_shared_rank(slot, lane) : identity, op);
   }
 #endif
   return value;
@@ -996,10 +1011,9 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_forward_kernel(Forwa
   using A = acc_t<T>;
   constexpr int VEC = kVec16<T>;
   using Vec = AlignedVector<T, VEC>;
-  using Ctx = ForwardRow<T, false>;
   extern __shared__ uint4 stage_storage[];
   __shared__ uint64_t full[kMaxStages];
-  __shared__ MaxSum<A> scratch[2][32];
+  __shared__ MaxSum<A> scratch[2][kStagedThreads / 32];
   __shared__ MaxSum<A> slots[2];
   const StagedSlice<T, VECS> slice(a.cols, shape.cluster);
   const StageRing ring{reinterpret_cast<char*>(stage_storage), full, shape.stages, shape.tensor_bytes};
@@ -1014,7 +1028,12 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_forward_kernel(Forwa
     for (int s = 0; s < shape.stages && slice.first + s * slice.step < a.rows; ++s) fill(s, slice.first + s * slice.step);
   }
   const MaxSum<A> identity{neg_inf<A>(), A(0)};
-  const Ctx ctx(a, 0);
+  // 16-bit rows take base-2 logits (x * scale * log2(e)): each exp is one FFMA and one MUFU.EX2,
+  // whose error vanishes under the output rounding; fp32 rows the natural ones and accurate expf.
+  constexpr bool kBase2 = sizeof(T) == 2;
+  using Combine = MaxSumOp<T, kBase2>;
+  const A unit = kBase2 ? a.scale * A(1.4426950408889634) : a.scale;
+  const A to_natural = kBase2 ? A(0.6931471805599453) : A(1);
   int s = 0, parity = 0;
   uint32_t phase = 0;
   for (int64_t row = slice.first; row < a.rows; row += slice.step) {
@@ -1025,39 +1044,45 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_forward_kernel(Forwa
     for (int i = 0; i < VECS; ++i) {
       if (slice.column(i) < slice.len) v[i] = load_vector<T, VEC>(chunk + slice.column(i));
     }
-    // The thread's max and sum of exp(logit - that max): one pass over its registers.
+    // The thread's max logit, then its sum of exp(logit - that max).
     A thread_max = neg_inf<A>();
 #pragma unroll
     for (int i = 0; i < VECS; ++i) {
       if (slice.column(i) >= slice.len) continue;
-      A logits[VEC];
-      ctx.template logits<VEC>(a, 0, v[i], logits);
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) thread_max = nan_max(thread_max, logits[j]);
+      for (int j = 0; j < VEC; ++j) thread_max = fmaxf(thread_max, to_acc(v[i].val[j]) * unit);
     }
     const A shift = thread_max == neg_inf<A>() ? A(0) : thread_max;
     A sum = 0;
 #pragma unroll
     for (int i = 0; i < VECS; ++i) {
       if (slice.column(i) >= slice.len) continue;
-      A logits[VEC];
-      ctx.template logits<VEC>(a, 0, v[i], logits);
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) sum += exp_acc<T>(logits[j] - shift);
+      for (int j = 0; j < VEC; ++j) sum += Combine::exp(to_acc(v[i].val[j]) * unit - shift);
     }
-    MaxSum<A> total = staged_block_reduce(MaxSum<A>{thread_max, sum}, MaxSumOp<T>{}, identity, scratch, parity, [&] {
+    // fmaxf skips NaN, but a NaN logit makes the sum NaN: the max carries it on, so the row is NaN.
+    if (sum != sum) thread_max = sum;
+    MaxSum<A> total = staged_block_reduce(MaxSum<A>{thread_max, sum}, Combine{}, identity, scratch, parity, [&] {
       if (threadIdx.x == 0 && row + ahead < a.rows) fill(s, row + ahead);
     });
-    total = staged_cluster_reduce(total, MaxSumOp<T>{}, identity, &slots[parity], slice.cluster);
-    const RowStats<T> stats(total.max, total.sum, a.log);
+    total = staged_cluster_reduce(total, Combine{}, identity, &slots[parity], slice.cluster);
+    // A row without a finite logit has sum 0: probabilities 0, log-probabilities -inf.
+    const A row_max = total.max == neg_inf<A>() ? A(0) : total.max;
+    const A inv_sum = total.sum == A(0) ? A(0) : A(1) / total.sum;
+    const A log_sum = total.sum == A(0) ? pos_inf<A>() : logf(total.sum);
 #pragma unroll
     for (int i = 0; i < VECS; ++i) opaque(v[i]);
+    T* out = a.out + row * a.cols + slice.begin;
 #pragma unroll
     for (int i = 0; i < VECS; ++i) {
       if (slice.column(i) >= slice.len) continue;
-      A logits[VEC];
-      ctx.template logits<VEC>(a, 0, v[i], logits);
-      ctx.template store<VEC, false>(a, row, slice.begin + slice.column(i), logits, stats);
+      Vec y;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const A shifted = to_acc(v[i].val[j]) * unit - row_max;
+        y.val[j] = from_acc<T>(a.log ? shifted * to_natural - log_sum : Combine::exp(shifted) * inv_sum);
+      }
+      store_vector<T, VEC>(out + slice.column(i), y);
     }
     parity ^= 1;
     if (++s == shape.stages) {
@@ -1078,7 +1103,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_backward_kernel(Back
   using Ctx = BackwardRow<T, false>;
   extern __shared__ uint4 stage_storage[];
   __shared__ uint64_t full[kMaxStages];
-  __shared__ A scratch[2][32];
+  __shared__ A scratch[2][kStagedThreads / 32];
   __shared__ A slots[2];
   const StagedSlice<T, VECS> slice(a.cols, shape.cluster);
   // A stage holds the block's chunk of `a` (y), then its chunk of dy.
@@ -1179,21 +1204,22 @@ struct Plan {
 };
 
 // Staged rows: vectors per thread and tensor, and the blocks per row (`cluster`); 0 when no
-// chunk size fits the row in kStagedMaxCluster blocks. The forward holds 4 vectors (three 64 KB
-// stages); the backward 2 of each tensor (three stages of 2 x 32 KB) while a portable cluster
-// of 8 holds the row, then 4 (one stage of 2 x 64 KB, the registers being the second buffer).
+// chunk fits the row in kStagedMaxCluster blocks. The forward holds chunks of 64 KB (three
+// stages); the backward 32 KB of each tensor (three stages of 2 x 32 KB) while a portable
+// cluster of 8 holds the row, then 64 KB of each (one stage of 2 x 64 KB, the registers being
+// the second buffer).
 template <typename T> int staged_vecs(int64_t cols, int tensors, int& cluster) {
-  auto blocks = [&](int vecs) {
-    const int64_t chunk = int64_t(kStagedThreads) * vecs * kVec16<T>;
+  auto blocks = [&](int chunk_bytes) {
+    const int64_t chunk = chunk_bytes / static_cast<int64_t>(sizeof(T));
     return (cols + chunk - 1) / chunk;
   };
-  if (tensors == 2 && blocks(2) <= 8) {
-    cluster = static_cast<int>(blocks(2));
-    return 2;
+  if (tensors == 2 && blocks(kNarrowChunkBytes) <= 8) {
+    cluster = static_cast<int>(blocks(kNarrowChunkBytes));
+    return kNarrowChunkBytes / (16 * kStagedThreads);
   }
-  if (blocks(4) <= kStagedMaxCluster) {
-    cluster = static_cast<int>(blocks(4));
-    return 4;
+  if (blocks(kWideChunkBytes) <= kStagedMaxCluster) {
+    cluster = static_cast<int>(blocks(kWideChunkBytes));
+    return kWideChunkBytes / (16 * kStagedThreads);
   }
   return 0;
 }
@@ -1367,7 +1393,8 @@ cudaError_t dispatch_plan(const Plan& plan, Launch launch) {
   if (plan.staged_vecs > 0) {
     cudaError_t err = cudaErrorNotSupported;
     if constexpr (!std::is_same<T, double>::value) {
-      err = plan.staged_vecs == 2 ? launch.template staged<2>() : launch.template staged<4>();
+      constexpr int kNarrow = kNarrowChunkBytes / (16 * kStagedThreads), kWide = kWideChunkBytes / (16 * kStagedThreads);
+      err = plan.staged_vecs == kNarrow ? launch.template staged<kNarrow>() : launch.template staged<kWide>();
     }
     if (err != cudaErrorNotSupported) return err;
     // The device cannot hold such a cluster with its stage ring: stream the row instead.
@@ -1432,8 +1459,8 @@ template <typename T, bool MASKED> struct ForwardLaunch {
     }
   }
   template <int VECS> cudaError_t staged() const {
-    if constexpr (MASKED || VECS != 4) {
-      return cudaErrorNotSupported;  // masked rows take cluster rows; the forward holds 4 vectors
+    if constexpr (MASKED || VECS * 16 * kStagedThreads != kWideChunkBytes) {
+      return cudaErrorNotSupported;  // masked rows take cluster rows; the forward holds wide chunks
     } else {
       return launch_staged<T, VECS>(staged_forward_kernel<T, VECS>, args, plan.cluster, 1, stream);
     }
