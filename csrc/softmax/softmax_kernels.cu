@@ -872,13 +872,14 @@ __global__ void __launch_bounds__(block_threads(G)) streamed_backward_kernel(Bac
 // ---- staged rows (sm_90) ----------------------------------------------------------------------
 
 // Long unmasked rows on sm_90: a cluster of `cluster` blocks of kStagedThreads threads per row,
-// one block per SM, each block owning one chunk of the row (up to kStagedThreads * VECS vectors
-// per tensor; 512 threads of 8 vectors take fewer instructions a byte than 1024 of 4: the
-// reductions are per thread). A ring of shared-memory stages holds the block's chunks of the next rows, filled
-// by sm_90 bulk copies (one instruction per chunk, issued by one thread, no registers held) as
-// soon as a stage is read, so ~192 KB per SM stay in flight through every row's reductions and
-// cluster barrier. A thread copies its vectors of the current row from its stage into registers
-// (in the storage type), the stage is refilled, and the row is reduced and written from there.
+// one block per SM, each block owning one chunk of the row (kStagedThreads * VECS vectors per
+// tensor; 512 threads of 8 vectors issue fewer instructions a byte than 1024 of 4, the
+// reductions being per thread). A ring of shared-memory stages holds the block's chunks of the
+// next rows, filled by sm_90 bulk copies (one instruction per chunk and tensor, issued by one
+// thread, no registers held) as soon as a stage has been read, so 128-192 KB per SM stay in
+// flight through every row's reductions, cluster barrier and stores. A thread copies its
+// vectors of the current row from the stage into registers (in the storage type), the block's
+// reduction barrier frees the stage for the next fill, and the row is written from registers.
 constexpr int kStagedThreads = 512;
 constexpr int kWideChunkBytes = 64 * 1024;    // a block's chunk of a row (per tensor)
 constexpr int kNarrowChunkBytes = 32 * 1024;  // the backward's while a cluster of 8 holds the row
@@ -980,14 +981,18 @@ template <typename T, int VEC> __device__ __forceinline__ void opaque(AlignedVec
 // alternate between rows, so no second barrier is needed: buffer p is rewritten two rows later,
 // after the next row's barrier, which every thread passes only once it has read it.
 template <typename V, class Op, class AfterSync>
-__device__ __forceinline__ V staged_block_reduce(V value, Op op, V identity, V (&scratch)[2][kStagedThreads / 32], int parity,
+__device__ __forceinline__ V staged_block_reduce(V value, Op op, V (&scratch)[2][kStagedThreads / 32], int parity,
                                                  AfterSync after_sync) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   value = warp_all_reduce<32>(value, op);
   if (lane == 0) scratch[parity][warp] = value;
   __syncthreads();
   after_sync();
-  return warp_all_reduce<kStagedThreads / 32>(lane < kStagedThreads / 32 ? scratch[parity][lane] : identity, op);
+  // Every group of kWarps lanes reduces all the partials, in the same order: every lane of every
+  // warp ends with the same bits.
+  constexpr int kWarps = kStagedThreads / 32;
+  static_assert(kWarps <= 32 && 32 % kWarps == 0, "a warp reduces the block's warps");
+  return warp_all_reduce<kWarps>(scratch[parity][lane % kWarps], op);
 }
 
 // The cluster's reduction of the blocks' values (cluster_reduce with a runtime cluster size).
@@ -998,8 +1003,9 @@ __device__ __forceinline__ V staged_cluster_reduce(V value, Op op, V identity, V
     cg::cluster_group group = cg::this_cluster();
     if (threadIdx.x == 0) *slot = value;
     group.sync();
-    const int lane = threadIdx.x % 32;
-    value = warp_all_reduce<kStagedMaxCluster>(lane < cluster ? *group.map_shared_rank(slot, lane) : identity, op);
+    // Every group of kStagedMaxCluster lanes reduces all the blocks' values, in the same order.
+    const int rank = threadIdx.x % kStagedMaxCluster;
+    value = warp_all_reduce<kStagedMaxCluster>(rank < cluster ? *group.map_shared_rank(slot, rank) : identity, op);
   }
 #endif
   return value;
@@ -1062,7 +1068,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_forward_kernel(Forwa
     }
     // fmaxf skips NaN, but a NaN logit makes the sum NaN: the max carries it on, so the row is NaN.
     if (sum != sum) thread_max = sum;
-    MaxSum<A> total = staged_block_reduce(MaxSum<A>{thread_max, sum}, Combine{}, identity, scratch, parity, [&] {
+    MaxSum<A> total = staged_block_reduce(MaxSum<A>{thread_max, sum}, Combine{}, scratch, parity, [&] {
       if (threadIdx.x == 0 && row + ahead < a.rows) fill(s, row + ahead);
     });
     total = staged_cluster_reduce(total, Combine{}, identity, &slots[parity], slice.cluster);
@@ -1143,7 +1149,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_backward_kernel(Back
 #pragma unroll
       for (int j = 0; j < VEC; ++j) sum += ctx.partial(a, y[j], g[j]);
     }
-    sum = staged_block_reduce(sum, SumOp{}, A(0), scratch, parity, [&] {
+    sum = staged_block_reduce(sum, SumOp{}, scratch, parity, [&] {
       if (threadIdx.x == 0 && row + ahead < a.rows) fill(s, row + ahead);
     });
     sum = staged_cluster_reduce(sum, SumOp{}, A(0), &slots[parity], slice.cluster);
