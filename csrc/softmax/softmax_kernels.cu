@@ -1039,62 +1039,71 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_forward_kernel(Forwa
   constexpr bool kBase2 = sizeof(T) == 2;
   using Combine = MaxSumOp<T, kBase2>;
   const A unit = kBase2 ? a.scale * A(1.4426950408889634) : a.scale;
-  const A to_natural = kBase2 ? A(0.6931471805599453) : A(1);
-  int s = 0, parity = 0;
-  uint32_t phase = 0;
-  for (int64_t row = slice.first; row < a.rows; row += slice.step) {
-    ring.wait(s, phase);
-    const T* chunk = reinterpret_cast<const T*>(ring.stage(s));
-    Vec v[VECS];
+  // softmax and log_softmax each get their own loop: no per-element branch on a.log.
+  auto rows = [&](auto log_tag) {
+    constexpr bool kLog = decltype(log_tag)::value;
+    int s = 0, parity = 0;
+    uint32_t phase = 0;
+    for (int64_t row = slice.first; row < a.rows; row += slice.step) {
+      ring.wait(s, phase);
+      const T* chunk = reinterpret_cast<const T*>(ring.stage(s));
+      Vec v[VECS];
 #pragma unroll
-    for (int i = 0; i < VECS; ++i) {
-      if (slice.column(i) < slice.len) v[i] = load_vector<T, VEC>(chunk + slice.column(i));
-    }
-    // The thread's max logit, then its sum of exp(logit - that max).
-    A thread_max = neg_inf<A>();
-#pragma unroll
-    for (int i = 0; i < VECS; ++i) {
-      if (slice.column(i) >= slice.len) continue;
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) thread_max = fmaxf(thread_max, to_acc(v[i].val[j]) * unit);
-    }
-    const A shift = thread_max == neg_inf<A>() ? A(0) : thread_max;
-    A sum = 0;
-#pragma unroll
-    for (int i = 0; i < VECS; ++i) {
-      if (slice.column(i) >= slice.len) continue;
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) sum += Combine::exp(to_acc(v[i].val[j]) * unit - shift);
-    }
-    // fmaxf skips NaN, but a NaN logit makes the sum NaN: the max carries it on, so the row is NaN.
-    if (sum != sum) thread_max = sum;
-    MaxSum<A> total = staged_block_reduce(MaxSum<A>{thread_max, sum}, Combine{}, scratch, parity, [&] {
-      if (threadIdx.x == 0 && row + ahead < a.rows) fill(s, row + ahead);
-    });
-    total = staged_cluster_reduce(total, Combine{}, identity, &slots[parity], slice.cluster);
-    // A row without a finite logit has sum 0: probabilities 0, log-probabilities -inf.
-    const A row_max = total.max == neg_inf<A>() ? A(0) : total.max;
-    const A inv_sum = total.sum == A(0) ? A(0) : A(1) / total.sum;
-    const A log_sum = total.sum == A(0) ? pos_inf<A>() : logf(total.sum);
-#pragma unroll
-    for (int i = 0; i < VECS; ++i) opaque(v[i]);
-    T* out = a.out + row * a.cols + slice.begin;
-#pragma unroll
-    for (int i = 0; i < VECS; ++i) {
-      if (slice.column(i) >= slice.len) continue;
-      Vec y;
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const A shifted = to_acc(v[i].val[j]) * unit - row_max;
-        y.val[j] = from_acc<T>(a.log ? shifted * to_natural - log_sum : Combine::exp(shifted) * inv_sum);
+      for (int i = 0; i < VECS; ++i) {
+        if (slice.column(i) < slice.len) v[i] = load_vector<T, VEC>(chunk + slice.column(i));
       }
-      store_vector<T, VEC>(out + slice.column(i), y);
+      // The thread's max logit, then its sum of exp(logit - that max).
+      A thread_max = neg_inf<A>();
+#pragma unroll
+      for (int i = 0; i < VECS; ++i) {
+        if (slice.column(i) >= slice.len) continue;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) thread_max = fmaxf(thread_max, to_acc(v[i].val[j]) * unit);
+      }
+      const A shift = thread_max == neg_inf<A>() ? A(0) : thread_max;
+      A sum = 0;
+#pragma unroll
+      for (int i = 0; i < VECS; ++i) {
+        if (slice.column(i) >= slice.len) continue;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) sum += Combine::exp(to_acc(v[i].val[j]) * unit - shift);
+      }
+      // fmaxf skips NaN, but a NaN logit makes the sum NaN: the max carries it on, so the row is NaN.
+      if (sum != sum) thread_max = sum;
+      MaxSum<A> total = staged_block_reduce(MaxSum<A>{thread_max, sum}, Combine{}, scratch, parity, [&] {
+        if (threadIdx.x == 0 && row + ahead < a.rows) fill(s, row + ahead);
+      });
+      total = staged_cluster_reduce(total, Combine{}, identity, &slots[parity], slice.cluster);
+      // A row without a finite logit has sum 0: probabilities 0, log-probabilities -inf.
+      const A row_max = total.max == neg_inf<A>() ? A(0) : total.max;
+      const A factor = kLog ? (kBase2 ? A(0.6931471805599453) : A(1)) : (total.sum == A(0) ? A(0) : A(1) / total.sum);
+      const A log_sum = kLog ? (total.sum == A(0) ? pos_inf<A>() : logf(total.sum)) : A(0);
+#pragma unroll
+      for (int i = 0; i < VECS; ++i) opaque(v[i]);
+      T* out = a.out + row * a.cols + slice.begin;
+#pragma unroll
+      for (int i = 0; i < VECS; ++i) {
+        if (slice.column(i) >= slice.len) continue;
+        Vec y;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const A shifted = to_acc(v[i].val[j]) * unit - row_max;
+          // log: shifted in natural units minus log(sum); else exp(shifted) / sum
+          y.val[j] = from_acc<T>(kLog ? shifted * factor - log_sum : Combine::exp(shifted) * factor);
+        }
+        store_vector<T, VEC>(out + slice.column(i), y);
+      }
+      parity ^= 1;
+      if (++s == shape.stages) {
+        s = 0;
+        phase ^= 1;
+      }
     }
-    parity ^= 1;
-    if (++s == shape.stages) {
-      s = 0;
-      phase ^= 1;
-    }
+  };
+  if (a.log) {
+    rows(std::true_type{});
+  } else {
+    rows(std::false_type{});
   }
   if (slice.cluster > 1) cg::this_cluster().sync();  // no block exits while its slots are read
 #endif
@@ -1106,7 +1115,6 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_backward_kernel(Back
   using A = acc_t<T>;
   constexpr int VEC = kVec16<T>;
   using Vec = AlignedVector<T, VEC>;
-  using Ctx = BackwardRow<T, false>;
   extern __shared__ uint4 stage_storage[];
   __shared__ uint64_t full[kMaxStages];
   __shared__ A scratch[2][kStagedThreads / 32];
@@ -1125,55 +1133,66 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_backward_kernel(Back
   if (threadIdx.x == 0) {
     for (int s = 0; s < shape.stages && slice.first + s * slice.step < a.rows; ++s) fill(s, slice.first + s * slice.step);
   }
-  const Ctx ctx(a, 0, false);
-  int s = 0, parity = 0;
-  uint32_t phase = 0;
-  for (int64_t row = slice.first; row < a.rows; row += slice.step) {
-    ring.wait(s, phase);
-    const T* chunk_a = reinterpret_cast<const T*>(ring.stage(s));
-    const T* chunk_dy = reinterpret_cast<const T*>(ring.stage(s) + shape.tensor_bytes);
-    Vec va[VECS], vdy[VECS];
+  // softmax: dx = scale * y * (dy - sum(dy * y)); log_softmax: dx = scale * (dy - exp(y) * sum(dy)).
+  // Each gets its own loop: no per-element branch on a.log.
+  auto rows = [&](auto log_tag) {
+    constexpr bool kLog = decltype(log_tag)::value;
+    int s = 0, parity = 0;
+    uint32_t phase = 0;
+    for (int64_t row = slice.first; row < a.rows; row += slice.step) {
+      ring.wait(s, phase);
+      const T* chunk_a = reinterpret_cast<const T*>(ring.stage(s));
+      const T* chunk_dy = reinterpret_cast<const T*>(ring.stage(s) + shape.tensor_bytes);
+      Vec va[VECS], vdy[VECS];
 #pragma unroll
-    for (int i = 0; i < VECS; ++i) {
-      if (slice.column(i) < slice.len) {
-        va[i] = load_vector<T, VEC>(chunk_a + slice.column(i));
-        vdy[i] = load_vector<T, VEC>(chunk_dy + slice.column(i));
+      for (int i = 0; i < VECS; ++i) {
+        if (slice.column(i) < slice.len) {
+          va[i] = load_vector<T, VEC>(chunk_a + slice.column(i));
+          vdy[i] = load_vector<T, VEC>(chunk_dy + slice.column(i));
+        }
+      }
+      A sum = 0;
+#pragma unroll
+      for (int i = 0; i < VECS; ++i) {
+        if (slice.column(i) >= slice.len) continue;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const A g = to_acc(vdy[i].val[j]);
+          sum += kLog ? g : g * to_acc(va[i].val[j]);
+        }
+      }
+      sum = staged_block_reduce(sum, SumOp{}, scratch, parity, [&] {
+        if (threadIdx.x == 0 && row + ahead < a.rows) fill(s, row + ahead);
+      });
+      sum = staged_cluster_reduce(sum, SumOp{}, A(0), &slots[parity], slice.cluster);
+#pragma unroll
+      for (int i = 0; i < VECS; ++i) {
+        opaque(va[i]);
+        opaque(vdy[i]);
+      }
+      T* dx = a.dx + row * a.cols + slice.begin;
+#pragma unroll
+      for (int i = 0; i < VECS; ++i) {
+        if (slice.column(i) >= slice.len) continue;
+        Vec out;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const A y = to_acc(va[i].val[j]), g = to_acc(vdy[i].val[j]);
+          out.val[j] = from_acc<T>(kLog ? a.scale * (g - exp_acc<T>(y) * sum) : a.scale * y * (g - sum));
+        }
+        store_vector<T, VEC>(dx + slice.column(i), out);
+      }
+      parity ^= 1;
+      if (++s == shape.stages) {
+        s = 0;
+        phase ^= 1;
       }
     }
-    A sum = 0;
-#pragma unroll
-    for (int i = 0; i < VECS; ++i) {
-      if (slice.column(i) >= slice.len) continue;
-      A y[VEC], g[VEC];
-      ctx.template prepare<VEC>(a, 0, va[i], vdy[i], ~0u, y, g);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) sum += ctx.partial(a, y[j], g[j]);
-    }
-    sum = staged_block_reduce(sum, SumOp{}, scratch, parity, [&] {
-      if (threadIdx.x == 0 && row + ahead < a.rows) fill(s, row + ahead);
-    });
-    sum = staged_cluster_reduce(sum, SumOp{}, A(0), &slots[parity], slice.cluster);
-#pragma unroll
-    for (int i = 0; i < VECS; ++i) {
-      opaque(va[i]);
-      opaque(vdy[i]);
-    }
-    T* dx = a.dx + row * a.cols + slice.begin;
-#pragma unroll
-    for (int i = 0; i < VECS; ++i) {
-      if (slice.column(i) >= slice.len) continue;
-      A y[VEC], g[VEC];
-      ctx.template prepare<VEC>(a, 0, va[i], vdy[i], ~0u, y, g);
-      Vec out;
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) out.val[j] = from_acc<T>(ctx.grad(a, y[j], g[j], sum));
-      store_vector<T, VEC>(dx + slice.column(i), out);
-    }
-    parity ^= 1;
-    if (++s == shape.stages) {
-      s = 0;
-      phase ^= 1;
-    }
+  };
+  if (a.log) {
+    rows(std::true_type{});
+  } else {
+    rows(std::false_type{});
   }
   if (slice.cluster > 1) cg::this_cluster().sync();  // no block exits while its slots are read
 #endif
