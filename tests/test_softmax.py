@@ -214,16 +214,16 @@ def test_softmax_long_rows(shape, dtype, log):
 # Many rows per launch. Register rows take a block per row group (many blocks, the last one
 # partly past the end); staged rows run on a persistent grid (one resident wave of clusters)
 # that loops over rows through a ring of shared-memory stages, so every cluster handles many
-# rows, reusing each stage and alternating its two partial slots. Staged rows hold, per thread
-# and tensor, 4 vectors in the forward (a block's chunk: 32768 16-bit / 16384 fp32 elements) and
-# 2 (chunk 16384 / 8192) or 4 in the backward (4 when 2 would take more than 8 blocks). Row
-# lengths (forward / backward blocks, bf16 then fp32): 8192 (one 512-thread register block),
-# 8200 (bf16 1 / 1 with 11 stages in the ring; fp32 1 / 2, the backward's second block holding 8
-# elements), 32768 (1 / 2; 2 / 4), 40008 (2 / 3; 3 / 5: odd clusters, partial last chunks),
-# 65536 (2 / 4; 4 / 8), 131072 (4 / 8; 8 / 8 with 4 vectors), 131080 (5 / 5 with 4 vectors; 9 / 9:
+# rows, reusing each stage and alternating its two partial slots. A staged block's chunk is
+# 64 KB in the forward (8 vectors a thread: 32768 16-bit / 16384 fp32 elements) and 32 KB of each
+# tensor in the backward (4 vectors each: 16384 / 8192 elements), or 64 KB of each when 32 KB
+# would take more than 8 blocks. Row lengths (forward / backward blocks, bf16 then fp32): 8192
+# (one 512-thread register block), 8200 (bf16 1 / 1 with 11 and 5 stages in the ring, each reused
+# 2-3 times; fp32 1 / 2, the backward's second block holding 8 elements), 32768 (1 / 2; 2 / 4),
+# 40008 (2 / 3; 3 / 5: odd clusters, partial last chunks), 65536 (2 / 4; 4 / 8), 131072 (4 / 8; 8 / 8 with 64 KB), 131080 (5 / 5 with 64 KB; 9 / 9:
 # non-portable clusters), 262144 (8 / 8; 16 / 16), 262152 (9 / 9; streamed), 524288 (16 / 16;
 # streamed), 524296 (streamed).
-MANY_ROW_SHAPES = [(70000, 256), (20000, 1024), (3000, 8192), (1500, 8200), (600, 32768), (400, 40008),
+MANY_ROW_SHAPES = [(70000, 256), (20000, 1024), (3000, 8192), (4000, 8200), (600, 32768), (400, 40008),
                    (300, 65536), (60, 131072), (40, 131080), (30, 262144), (12, 262152), (6, 524288),
                    (4, 524296)]
 
@@ -255,11 +255,11 @@ def test_softmax_float64(log):
 @pytest.mark.sanitizer
 # (6000, 128): many blocks of row groups; (5, 1000): groups reaching past the row's end;
 # staged rows: (2, 20000) (fp16 forward 1 block, backward 2; fp32 2 / 3), (1, 70000) (3 / 5;
-# 5 / 5 with 4 vectors), (2, 140000) (5 / 5 with 4 vectors; 9 / 9, non-portable clusters);
-# (300, 20000) and (300, 8200) (ring of 11 stages): more rows than the persistent grid of
-# clusters holds, so clusters loop (stages refilled, partial slots reused).
+# 5 / 5 with 64 KB chunks), (2, 140000) (5 / 5 with 64 KB; 9 / 9, non-portable clusters);
+# (800, 20000) and (1600, 8200) (ring of 11 stages): more rows than the persistent grid of
+# clusters holds, so clusters loop, each stage refilled and reused under its next phase.
 @pytest.mark.parametrize("shape", [(3, 7), (5, 64), (4, 1024), (5, 1000), (2, 4096), (2, 20000), (1, 70000),
-                                   (2, 140000), (6000, 128), (300, 20000), (300, 8200)], ids=str)
+                                   (2, 140000), (6000, 128), (800, 20000), (1600, 8200)], ids=str)
 def test_softmax_small_cases_sanitizer(shape):
     for log in (False, True):
         _check_softmax(shape, torch.float16, log)
