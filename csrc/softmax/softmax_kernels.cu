@@ -215,6 +215,8 @@ template <typename T, typename A = acc_t<T>> struct RowStats {
         empty(s == A(0)) {}
   __device__ A prob(A logit) const { return exp_acc<T>(logit - max) * inv_sum; }
   __device__ A log_prob(A logit) const { return empty ? neg_inf<A>() : logit - max - log_sum; }
+  // What log_prob subtracts from logit - max (-inf in a row without a finite logit).
+  __device__ A log_shift() const { return empty ? pos_inf<A>() : log_sum; }
   // Log-sum-exp saved for the backward: +inf for a fully masked row, so exp(logit - lse) = 0.
   __device__ A lse() const { return empty ? pos_inf<A>() : max + log_sum; }
 };
@@ -357,8 +359,10 @@ template <typename T, bool MASKED> struct ForwardRow {
     if constexpr (MASKED) mask.template apply<VEC>(c0, out);
   }
   // Stores the outputs of columns c0 ... of `row` from their VEC logits, or with kExps (never
-  // for log_softmax) from exp(logit - m) for some m, whose probabilities are exps * factor.
-  template <int VEC, bool kExps = false>
+  // for log_softmax) from exp(logit - m) for some m, whose probabilities are exps * factor, or
+  // with kShiftedLogs (log_softmax only) from logit - row max, whose log-probabilities are
+  // values - factor (factor = stats.log_shift()).
+  template <int VEC, bool kExps = false, bool kShiftedLogs = false>
   __device__ __forceinline__ void store(const ForwardArgs<T>& a, int64_t row, int64_t c0, const acc_t<T> (&values)[VEC],
                                         const RowStats<T>& stats, acc_t<T> factor = 0) const {
     AlignedVector<T, VEC> v;
@@ -371,6 +375,8 @@ template <typename T, bool MASKED> struct ForwardRow {
       acc_t<T> y;
       if (kExps) {
         y = values[j] * factor;
+      } else if (kShiftedLogs) {
+        y = values[j] - factor;
       } else if (!MASKED && a.log) {
         y = stats.log_prob(values[j]);
       } else {
@@ -591,7 +597,11 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
     }
     // Sum of exp(logit - shift), with shift the row max or (one pass) the thread's max. Softmax
     // keeps those exps, except fp32 in one pass: it recomputes exp(logit - row max) on output,
-    // which rounds once instead of twice; log_softmax keeps the logits.
+    // which rounds once instead of twice. log_softmax (never one pass) keeps the logits, or for
+    // 16-bit rows logit - row max, so each output is one subtraction (bf16 log_softmax ran 7-8
+    // points of copy bandwidth below softmax on the H200; in fp32 it ran level, and keeping the
+    // shifted logits there spills under the 32-register cap).
+    constexpr bool kShiftedLogs = !kOnePass && !MASKED && sizeof(T) == 2;
     const A shift_max = kOnePass ? thread_max : group_reduce<G>(thread_max, NanMaxOp{}, neg_inf<A>(), scratch);
     const bool shift_empty = shift_max == neg_inf<A>();
     const A shift = shift_empty ? A(0) : shift_max;
@@ -601,9 +611,14 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
     for (int i = 0; i < ITEMS; ++i)
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const A e = exp_acc<T>(values[i][j] - shift);
+        const A shifted = values[i][j] - shift;
+        const A e = exp_acc<T>(shifted);
         sum += e;
-        if (keep_exps) values[i][j] = e;
+        if (keep_exps) {
+          values[i][j] = e;
+        } else if (kShiftedLogs) {
+          values[i][j] = shifted;
+        }
       }
     MaxSum<A> total{shift_max, A(0)};
     if constexpr (kOnePass) {
@@ -619,6 +634,9 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
     const RowStats<T> stats(total.max, total.sum, MASKED || a.log);
     // exp(logit - shift) * factor = exp(logit - row max) / row sum
     A factor = stats.inv_sum;
+    if constexpr (kShiftedLogs) {
+      if (a.log) factor = stats.log_shift();
+    }
     if constexpr (kOnePass) factor = shift_empty ? A(0) : exp_acc<T>(thread_max - stats.max) * stats.inv_sum;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
@@ -626,6 +644,8 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
       if (valid && c0 < cols) {
         if (keep_exps) {
           ctx.template store<VEC, true>(a, row, c0, values[i], stats, factor);
+        } else if constexpr (kShiftedLogs) {
+          ctx.template store<VEC, false, true>(a, row, c0, values[i], stats, factor);
         } else {
           ctx.template store<VEC, false>(a, row, c0, values[i], stats);
         }
