@@ -23,18 +23,26 @@ def main():
 
     if "softmax" in families:
         for dtype in (torch.bfloat16, torch.float32):
-            for n in [128, 1024, 4096, 16384, 65536, 262144]:
+            for n in [128, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 262144]:
                 x = torch.randn(2**27 // n, n, device="cuda", dtype=dtype)
                 size = x.numel() * x.element_size()
-                forward = bench_ms(lambda: fusedops.softmax(x))
-                backward = bench_ms(backward_thunk(fusedops.softmax, (x,)))
-                print(f"softmax {dtype} N={n:6d} fwd {rate(2 * size, forward)}  bwd {rate(3 * size, backward)}", flush=True)
+                for op in (fusedops.softmax, fusedops.log_softmax):
+                    forward = bench_ms(lambda: op(x))
+                    backward = bench_ms(backward_thunk(op, (x,)))
+                    print(f"{op.__name__:11s} {dtype} N={n:6d} fwd {rate(2 * size, forward)}"
+                          f"  bwd {rate(3 * size, backward)}", flush=True)
+        x = torch.randn(8, 16, 1024, 1024, device="cuda", dtype=torch.bfloat16)
         for causal in (False, True):
-            x = torch.randn(8, 16, 1024, 1024, device="cuda", dtype=torch.bfloat16)
             mask = None if causal else torch.rand(8, 1, 1024, 1024, device="cuda") > 0.2
             n_bytes = 2 * x.numel() * 2 + (0 if causal else mask.numel())
-            ms = bench_ms(lambda: fusedops.masked_softmax(x, mask, causal=causal, dropout_p=0.1))
-            print(f"masked_softmax dropout 0.1 causal={causal} fwd {rate(n_bytes, ms)}", flush=True)
+            for dropout_p in (0.0, 0.1):
+                def masked(x):
+                    return fusedops.masked_softmax(x, mask, causal=causal, dropout_p=dropout_p)
+
+                forward = bench_ms(lambda: masked(x))
+                backward = bench_ms(backward_thunk(masked, (x,)))
+                print(f"masked_softmax dropout {dropout_p} causal={causal} fwd {rate(n_bytes, forward)}"
+                      f"  bwd {rate(3 * x.numel() * 2, backward)}", flush=True)
     if "norm" in families:
         for n in [512, 1024, 2048, 4096, 8192, 16384, 32768]:
             x = torch.randn(2**26 // n, n, device="cuda", dtype=torch.bfloat16)

@@ -223,6 +223,19 @@ template <typename T, typename A = acc_t<T>> struct RowStats {
 
 // ---- masking and dropout ---------------------------------------------------------------------
 
+// Rows without prefetch issue every load of a row (data and mask bytes) in one loop before any
+// arithmetic, zeros where not `live`: each load stays a predicated instruction that ptxas issues
+// ahead of the arithmetic (a load behind a branch, or among the arithmetic of earlier vectors,
+// keeps 16-bit rows to one load in flight).
+template <typename T, int VEC>
+__device__ __forceinline__ AlignedVector<T, VEC> load_live(bool live, const T* src) {
+  AlignedVector<T, VEC> v{};
+  if (live) v = load_vector<T, VEC>(src);
+  return v;
+}
+
+template <int VEC> using MaskBytes = AlignedVector<char, VEC>;
+
 // The mask of one row: a pointer to its first element and the causal limit.
 template <typename T> struct MaskRow {
   const char* data;
@@ -243,15 +256,24 @@ template <typename T> struct MaskRow {
     return scaled;
   }
 
-  // Masks VEC scaled logits starting at column c0, reading a bool mask with unit column stride
-  // as one aligned vector of VEC bytes where it can.
-  template <int VEC> __device__ __forceinline__ void apply(int64_t c0, acc_t<T> (&scaled)[VEC]) const {
-    const char* bytes = data + c0;
-    if (VEC > 1 && kind == MaskKind::Bool && col_stride_bytes == 1 && reinterpret_cast<uintptr_t>(bytes) % VEC == 0) {
-      const auto keep = load_vector<char, VEC>(bytes);
+  // Whether the mask of columns c0 ... is one aligned vector of VEC bool bytes.
+  template <int VEC> __device__ __forceinline__ bool vector_bytes(int64_t c0) const {
+    return VEC > 1 && kind == MaskKind::Bool && col_stride_bytes == 1 &&
+           reinterpret_cast<uintptr_t>(data + c0) % VEC == 0;
+  }
+  // The mask bytes of columns c0 ... where they form a vector, read with the row's data so that
+  // every load of the row is in flight before its arithmetic; zeros where not `live`.
+  template <int VEC> __device__ __forceinline__ MaskBytes<VEC> load_bytes(int64_t c0, bool live) const {
+    return load_live<char, VEC>(live && vector_bytes<VEC>(c0), data + c0);
+  }
+  // Masks VEC scaled logits starting at column c0: from `bytes` (load_bytes) where the mask is a
+  // vector, else element by element.
+  template <int VEC>
+  __device__ __forceinline__ void apply(int64_t c0, const MaskBytes<VEC>& bytes, acc_t<T> (&scaled)[VEC]) const {
+    if (vector_bytes<VEC>(c0)) {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        if (!keep.val[j] || c0 + j > last_visible) scaled[j] = neg_inf<acc_t<T>>();
+        if (!bytes.val[j] || c0 + j > last_visible) scaled[j] = neg_inf<acc_t<T>>();
       }
     } else {
 #pragma unroll
@@ -350,13 +372,17 @@ template <typename T, bool MASKED> struct ForwardRow {
     if constexpr (MASKED) return mask.hidden_from(c0);
     return false;
   }
-  // The VEC logits of x[c0 ...]: scaled, then masked.
+  template <int VEC> __device__ __forceinline__ MaskBytes<VEC> mask_bytes(int64_t c0, bool live) const {
+    if constexpr (MASKED) return mask.template load_bytes<VEC>(c0, live);
+    return {};
+  }
+  // The VEC logits of x[c0 ...]: scaled, then masked (`bytes`: mask_bytes).
   template <int VEC>
   __device__ __forceinline__ void logits(const ForwardArgs<T>& a, int64_t c0, const AlignedVector<T, VEC>& x,
-                                         acc_t<T> (&out)[VEC]) const {
+                                         const MaskBytes<VEC>& bytes, acc_t<T> (&out)[VEC]) const {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) out[j] = to_acc(x.val[j]) * a.scale;
-    if constexpr (MASKED) mask.template apply<VEC>(c0, out);
+    if constexpr (MASKED) mask.template apply<VEC>(c0, bytes, out);
   }
   // Stores the outputs of columns c0 ... of `row` from their VEC logits, or with kExps (never
   // for log_softmax) from exp(logit - m) for some m, whose probabilities are exps * factor, or
@@ -426,14 +452,18 @@ template <typename T, bool MASKED> struct BackwardRow {
     }
     return ~0u;
   }
+  template <int VEC> __device__ __forceinline__ MaskBytes<VEC> mask_bytes(int64_t c0, bool live) const {
+    if constexpr (MASKED) return mask.template load_bytes<VEC>(c0, live);
+    return {};
+  }
   template <int VEC>
   __device__ __forceinline__ void prepare(const BackwardArgs<T>& a, int64_t c0, const AlignedVector<T, VEC>& va,
-                                          const AlignedVector<T, VEC>& vdy, uint32_t keep, acc_t<T> (&y)[VEC],
-                                          acc_t<T> (&g)[VEC]) const {
+                                          const AlignedVector<T, VEC>& vdy, const MaskBytes<VEC>& bytes,
+                                          uint32_t keep, acc_t<T> (&y)[VEC], acc_t<T> (&g)[VEC]) const {
     if constexpr (MASKED) {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) y[j] = to_acc(va.val[j]) * a.scale;
-      mask.template apply<VEC>(c0, y);
+      mask.template apply<VEC>(c0, bytes, y);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         y[j] = exp_acc<T>(y[j] - lse);
@@ -512,17 +542,6 @@ __device__ __forceinline__ void prefetch_row_l2(const Args& a, const T* tensor, 
 #endif
 }
 
-// Rows that load each vector where they use it: plain rows convert every vector, zeros where it
-// is not `live` (outside the row), so each load stays a predicated instruction that ptxas issues
-// ahead of all the arithmetic; a branch around each vector's load and arithmetic (as masked rows
-// need, to read mask bytes only inside the row) keeps 16-bit rows to one load in flight.
-template <typename T, int VEC>
-__device__ __forceinline__ AlignedVector<T, VEC> load_live(bool live, const T* src) {
-  AlignedVector<T, VEC> v{};
-  if (live) v = load_vector<T, VEC>(src);
-  return v;
-}
-
 template <typename T, int G, int ITEMS, int VEC, bool MASKED, int CLUSTER, bool PERSISTENT>
 __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKED, CLUSTER, PERSISTENT))
     register_forward_kernel(ForwardArgs<T> a) {
@@ -570,10 +589,22 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
       next_ctx = context(next_row);
       load(next_row, next_ctx, next);
     }
-    // The thread's logits (-inf outside the row) and their max. Without prefetch the loads sit
-    // in this loop (see load_live).
+    // Without prefetch, every load of the row (data and mask bytes) is issued here, before any
+    // arithmetic (see load_live).
+    MaskBytes<VEC> bytes[ITEMS];
+    if constexpr (!kPrefetch) {
+      const T* x = a.x + row * a.x_row_stride;
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i) {
+        const int c0 = slice.column(i);
+        const bool live = valid && c0 < cols && !ctx.hidden_from(c0);
+        cur[i] = load_live<T, VEC>(live, x + c0);
+        bytes[i] = ctx.template mask_bytes<VEC>(c0, live);
+      }
+    }
+    // The thread's logits (-inf outside the row) and their max. Masked rows branch around the
+    // vectors outside the row or hidden by the causal mask (no mask reads or arithmetic there).
     constexpr bool kBranchless = !MASKED && !kPrefetch;
-    const T* x = a.x + row * a.x_row_stride;
     A values[ITEMS][VEC];
     A thread_max = neg_inf<A>();
 #pragma unroll
@@ -585,7 +616,7 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
         for (int j = 0; j < VEC; ++j) values[i][j] = neg_inf<A>();
         continue;
       }
-      ctx.template logits<VEC>(a, c0, kPrefetch ? cur[i] : load_live<T, VEC>(live, x + c0), values[i]);
+      ctx.template logits<VEC>(a, c0, cur[i], bytes[i], values[i]);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         if (kBranchless && !live) values[i][j] = neg_inf<A>();
@@ -708,11 +739,25 @@ __global__ void __launch_bounds__(block_threads(G)) register_backward_kernel(Bac
       next_ctx = context(next_row);
       load(next_row, next_ctx, next_a, next_dy);
     }
+    // Without prefetch, every load of the row (both tensors and the mask bytes) is issued here,
+    // before any arithmetic (see load_live).
+    MaskBytes<VEC> bytes[ITEMS];
+    if constexpr (!kPrefetch) {
+      const T* src_a = a.a + row * a.a_row_stride;
+      const T* src_dy = a.dy + row * a.dy_row_stride;
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i) {
+        const int c0 = slice.column(i);
+        const bool live = valid && c0 < cols && !ctx.hidden_from(c0);
+        cur_a[i] = load_live<T, VEC>(live, src_a + c0);
+        cur_dy[i] = load_live<T, VEC>(live, src_dy + c0);
+        bytes[i] = ctx.template mask_bytes<VEC>(c0, live);
+      }
+    }
     // (y, g) of every vector; 0 outside the row and where hidden, so dx = 0 there (plain rows
-    // without prefetch get that from the zero vectors of load_live, and load in this loop).
+    // without prefetch get that from the zero vectors of load_live; masked rows branch around
+    // those vectors, skipping their mask, exps and dropout bits).
     constexpr bool kBranchless = !MASKED && !kPrefetch;
-    const T* src_a = a.a + row * a.a_row_stride;
-    const T* src_dy = a.dy + row * a.dy_row_stride;
     A y[ITEMS][VEC], g[ITEMS][VEC];
     A sum = 0;
 #pragma unroll
@@ -724,11 +769,8 @@ __global__ void __launch_bounds__(block_threads(G)) register_backward_kernel(Bac
         for (int j = 0; j < VEC; ++j) y[i][j] = g[i][j] = A(0);
         continue;
       }
-      if constexpr (!kPrefetch) {
-        cur_a[i] = load_live<T, VEC>(live, src_a + c0);
-        cur_dy[i] = load_live<T, VEC>(live, src_dy + c0);
-      }
-      ctx.template prepare<VEC>(a, c0, cur_a[i], cur_dy[i], ctx.template keep<VEC>(a, row, c0), y[i], g[i]);
+      ctx.template prepare<VEC>(a, c0, cur_a[i], cur_dy[i], bytes[i], ctx.template keep<VEC>(a, row, c0), y[i],
+                                g[i]);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) sum += ctx.partial(a, y[i][j], g[i][j]);
     }
@@ -748,7 +790,7 @@ __global__ void __launch_bounds__(block_threads(G)) register_backward_kernel(Bac
 #pragma unroll
           for (int j = 0; j < VEC; ++j) v.val[j] = from_acc<T>(A(0));
         } else {
-          if constexpr (kRemake) ctx.template prepare<VEC>(a, c0, cur_a[i], cur_dy[i], ~0u, y[i], g[i]);
+          if constexpr (kRemake) ctx.template prepare<VEC>(a, c0, cur_a[i], cur_dy[i], bytes[i], ~0u, y[i], g[i]);
 #pragma unroll
           for (int j = 0; j < VEC; ++j) v.val[j] = from_acc<T>(ctx.grad(a, y[i][j], g[i][j], sum));
         }
@@ -803,7 +845,7 @@ __global__ void __launch_bounds__(block_threads(G)) streamed_forward_kernel(Forw
     A max = neg_inf<A>(), sum = 0;
     stream_row<G, VEC, CACHE, true>(x, cache, cols, [&](int64_t c0, const AlignedVector<T, VEC>& v) {
       A logits[VEC];
-      ctx.template logits<VEC>(a, c0, v, logits);
+      ctx.template logits<VEC>(a, c0, v, ctx.template mask_bytes<VEC>(c0, true), logits);
       A vmax = neg_inf<A>();
 #pragma unroll
       for (int j = 0; j < VEC; ++j) vmax = logits[j] > vmax ? logits[j] : vmax;
@@ -822,7 +864,7 @@ __global__ void __launch_bounds__(block_threads(G)) streamed_forward_kernel(Forw
     const RowStats<T> stats(row_max, sum, MASKED || a.log);
     stream_row<G, VEC, CACHE, false>(x, cache, cols, [&](int64_t c0, const AlignedVector<T, VEC>& v) {
       A logits[VEC];
-      ctx.template logits<VEC>(a, c0, v, logits);
+      ctx.template logits<VEC>(a, c0, v, ctx.template mask_bytes<VEC>(c0, true), logits);
       ctx.template store<VEC>(a, row, c0, logits, stats);
     });
     if (valid && Cursor::lane() == 0) ctx.finish(a, row, stats);
@@ -868,7 +910,8 @@ __global__ void __launch_bounds__(block_threads(G)) streamed_backward_kernel(Bac
               store_vector<T, VEC>(cache_dy + cu, vdy[u]);
             }
             A y[VEC], g[VEC];
-            ctx.template prepare<VEC>(a, cu, va[u], vdy[u], ctx.template keep<VEC>(a, row, cu), y, g);
+            ctx.template prepare<VEC>(a, cu, va[u], vdy[u], ctx.template mask_bytes<VEC>(cu, true),
+                                      ctx.template keep<VEC>(a, row, cu), y, g);
             f(cu, y, g);
           }
         }
