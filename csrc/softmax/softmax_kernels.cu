@@ -9,7 +9,7 @@
 //   blocks keep the loads in flight meanwhile. The forward reduces the row max, then the sum of
 //   exp(logit - row max), keeping those exps (one exp per element);
 // - staged rows (sm_90, unmasked rows past one register block, up to 16 blocks of 64 KB): a
-//   cluster of 1024-thread blocks per row, one block per SM, each owning a chunk of the row; a
+//   cluster of 512-thread blocks per row, one block per SM, each owning a chunk of the row; a
 //   ring of shared-memory stages, filled by bulk copies, keeps the next rows' chunks in flight
 //   while the current row is reduced and written from registers (see "staged rows" below);
 // - cluster rows (sm_90, masked rows up to 16x that of a 512- or 1024-thread block): the row is split
