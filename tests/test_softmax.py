@@ -291,20 +291,24 @@ def test_dim_other_than_last(dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cols", [9, 256, 4096, 40000])
-def test_infinities_and_large_inputs(dtype, cols):
+@pytest.mark.parametrize("scale", [1.0, 0.7])  # 0.7: logits are rounded products (an FMA would differ)
+def test_infinities_and_large_inputs(dtype, cols, scale):
     big = 1e4 if dtype == torch.float16 else 1e30  # fp16 tops out at 65504
     x = torch.randn(4, cols, dtype=torch.float32, device="cuda") * big
     x = x.to(dtype)
     x[1, ::3] = float("-inf")  # -inf entries get probability 0
     x[2] = float("-inf")       # a row with no finite logit gives zeros (torch: NaN)
     x[3, 1] = float("inf")     # +inf makes the row NaN, as in torch
-    out = fusedops.softmax(x)
-    ref = torch.softmax(x.double(), -1)
+    out = fusedops.softmax(x, scale=scale)
+    ref = torch.softmax(x.double() * scale, -1)
     torch.testing.assert_close(out[:2].double(), ref[:2], atol=1e-2 if dtype != torch.float32 else 1e-6, rtol=0)
     assert (out[1, ::3] == 0).all()
     assert (out[2] == 0).all()
     assert torch.isnan(out[3]).any()
-    log_out = fusedops.log_softmax(x)
+    log_out = fusedops.log_softmax(x, scale=scale)
+    log_ref = torch.log_softmax(x.double() * scale, -1)
+    assert torch.isfinite(log_out[0]).all()
+    torch.testing.assert_close(log_out[0].max().double(), log_ref[0].max(), atol=1e-2, rtol=0)  # the row's top log-prob
     assert (log_out[2] == float("-inf")).all()
     assert (log_out[1, ::3] == float("-inf")).all()
 

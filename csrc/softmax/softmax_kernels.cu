@@ -104,27 +104,15 @@ template <typename A> __device__ __forceinline__ A mul_rn(A a, A b) {
   else return __fmul_rn(a, b);
 }
 
-// 2^v in one MUFU.EX2 (a couple of fp32 ulp): 16-bit staged rows work with base-2 logits.
-__device__ __forceinline__ float exp2_fast(float v) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
-  return r;
-}
-
-// Combines the (max, sum) partials of a row's blocks (clusters); BASE2: of base-2 logits, whose
-// sums are of 2^(logit - max).
-template <typename T, bool BASE2 = false> struct MaxSumOp {
+// Combines the (max, sum) partials of a row's blocks (clusters).
+template <typename T> struct MaxSumOp {
   using A = acc_t<T>;
-  __device__ __forceinline__ static A exp(A v) {
-    if constexpr (BASE2) return exp2_fast(v);
-    else return exp_acc<T>(v);
-  }
   // Commutative bit for bit, so every lane (and every block of a cluster) agrees on the result.
   __device__ __forceinline__ MaxSum<A> operator()(MaxSum<A> p, MaxSum<A> q) const {
     const A m = nan_max(p.max, q.max);
     if (m == neg_inf<A>()) return {m, A(0)};
     // Products rounded on their own: an FMA would round p's and q's terms differently.
-    return {m, mul_rn(p.sum, exp(p.max - m)) + mul_rn(q.sum, exp(q.max - m))};
+    return {m, mul_rn(p.sum, exp_acc<T>(p.max - m)) + mul_rn(q.sum, exp_acc<T>(q.max - m))};
   }
 };
 
@@ -1097,11 +1085,10 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_forward_kernel(Forwa
     for (int s = 0; s < shape.stages && slice.first + s * slice.step < a.rows; ++s) fill(s, slice.first + s * slice.step);
   }
   const MaxSum<A> identity{neg_inf<A>(), A(0)};
-  // 16-bit rows take base-2 logits (x * scale * log2(e)): each exp is one FFMA and one MUFU.EX2,
-  // whose error vanishes under the output rounding; fp32 rows the natural ones and accurate expf.
-  constexpr bool kBase2 = sizeof(T) == 2;
-  using Combine = MaxSumOp<T, kBase2>;
-  const A unit = kBase2 ? a.scale * A(1.4426950408889634) : a.scale;
+  // Each pass recomputes the logits from the registers, rounded on their own (no FMA into the
+  // subtraction that follows), so the max pass and the exp passes see the same values: an FMA
+  // would leave the max logit the rounding residual of its product, huge for huge logits.
+  auto logit = [&](T x) { return mul_rn(to_acc(x), a.scale); };
   // softmax and log_softmax each get their own loop: no per-element branch on a.log.
   auto rows = [&](auto log_tag) {
     constexpr bool kLog = decltype(log_tag)::value;
@@ -1121,7 +1108,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_forward_kernel(Forwa
       for (int i = 0; i < VECS; ++i) {
         if (slice.column(i) >= slice.len) continue;
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) thread_max = fmaxf(thread_max, to_acc(v[i].val[j]) * unit);
+        for (int j = 0; j < VEC; ++j) thread_max = fmaxf(thread_max, logit(v[i].val[j]));
       }
       const A shift = thread_max == neg_inf<A>() ? A(0) : thread_max;
       A sum = 0;
@@ -1129,17 +1116,17 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_forward_kernel(Forwa
       for (int i = 0; i < VECS; ++i) {
         if (slice.column(i) >= slice.len) continue;
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) sum += Combine::exp(to_acc(v[i].val[j]) * unit - shift);
+        for (int j = 0; j < VEC; ++j) sum += exp_acc<T>(logit(v[i].val[j]) - shift);
       }
       // fmaxf skips NaN, but a NaN logit makes the sum NaN: the max carries it on, so the row is NaN.
       if (sum != sum) thread_max = sum;
-      MaxSum<A> total = staged_block_reduce(MaxSum<A>{thread_max, sum}, Combine{}, scratch, parity, [&] {
+      MaxSum<A> total = staged_block_reduce(MaxSum<A>{thread_max, sum}, MaxSumOp<T>{}, scratch, parity, [&] {
         if (threadIdx.x == 0 && row + ahead < a.rows) fill(s, row + ahead);
       });
-      total = staged_cluster_reduce(total, Combine{}, identity, &slots[parity], slice.cluster);
+      total = staged_cluster_reduce(total, MaxSumOp<T>{}, identity, &slots[parity], slice.cluster);
       // A row without a finite logit has sum 0: probabilities 0, log-probabilities -inf.
       const A row_max = total.max == neg_inf<A>() ? A(0) : total.max;
-      const A factor = kLog ? (kBase2 ? A(0.6931471805599453) : A(1)) : (total.sum == A(0) ? A(0) : A(1) / total.sum);
+      const A inv_sum = total.sum == A(0) ? A(0) : A(1) / total.sum;
       const A log_sum = kLog ? (total.sum == A(0) ? pos_inf<A>() : logf(total.sum)) : A(0);
 #pragma unroll
       for (int i = 0; i < VECS; ++i) opaque(v[i]);
@@ -1150,9 +1137,8 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_forward_kernel(Forwa
         Vec y;
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const A shifted = to_acc(v[i].val[j]) * unit - row_max;
-          // log: shifted in natural units minus log(sum); else exp(shifted) / sum
-          y.val[j] = from_acc<T>(kLog ? shifted * factor - log_sum : Combine::exp(shifted) * factor);
+          const A shifted = logit(v[i].val[j]) - row_max;
+          y.val[j] = from_acc<T>(kLog ? shifted - log_sum : exp_acc<T>(shifted) * inv_sum);
         }
         store_vector<T, VEC>(out + slice.column(i), y);
       }
