@@ -9,6 +9,8 @@
 // Statistics: mean first, then the sum of squared deviations from it (two passes in registers,
 // accurate for rows with a large mean), all in fp32 (fp64 for fp64 input).
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "../common/dispatch.cuh"
@@ -157,52 +159,6 @@ __device__ __forceinline__ void store_stats(const NormFwdParams& p, int64_t row,
   p.rstd[row] = static_cast<float>(rstd);
 }
 
-// Forward, row held in registers: VPT chunks of VEC elements per thread.
-template <typename T, typename W, bool RMS, bool WARP_ROWS, int VEC, int VPT>
-__global__ void __launch_bounds__(kMaxThreads) norm_fwd_kernel(const NormFwdParams p) {
-  using A = acc_t<T>;
-  __shared__ A scratch[32];
-  const RowGroup<WARP_ROWS> group;
-  const A inv_cols = A(1) / A(p.cols);
-  // Every thread of the block runs the same iterations (row-group reductions need them all).
-  for (int64_t first = int64_t(blockIdx.x) * group.count; first < p.rows; first += int64_t(gridDim.x) * group.count) {
-    const int64_t row = first + group.index;
-    const bool valid = row < p.rows;
-    A v[VPT][VEC];
-    A sum = 0;
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      const int64_t col = (int64_t(k) * group.size + group.lane) * VEC;
-      if (valid && col < p.cols) {
-        load_input<T, VEC>(p, row, col, v[k]);
-      } else {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) v[k][j] = A(0);
-      }
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) sum += v[k][j];
-    }
-    const A mean = RMS ? A(0) : group.sum(sum, scratch) * inv_cols;
-    A squares = 0;
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      const int64_t col = (int64_t(k) * group.size + group.lane) * VEC;
-      if (col < p.cols) {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) squares += (v[k][j] - mean) * (v[k][j] - mean);
-      }
-    }
-    const A rstd = inv_sqrt(group.sum(squares, scratch) * inv_cols + A(p.eps));
-    if (!valid) continue;
-    if (group.lane == 0) store_stats(p, row, mean, rstd, RMS);
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      const int64_t col = (int64_t(k) * group.size + group.lane) * VEC;
-      if (col < p.cols) store_output<T, W, VEC>(p, row, col, v[k], mean, rstd);
-    }
-  }
-}
-
 // Forward for rows too long for registers: one block per row, the row read once from memory and
 // re-read (mostly from L2) for the variance and the output.
 template <typename T, typename W, bool RMS, int VEC>
@@ -239,6 +195,167 @@ __global__ void __launch_bounds__(kMaxThreads) norm_fwd_streaming_kernel(const N
       A v[VEC];
       reload_input<T, VEC>(p, row, col, v);
       store_output<T, W, VEC>(p, row, col, v, mean, rstd);
+    }
+  }
+}
+
+// ---- register rows, software-pipelined ---------------------------------------------------------
+// A thread holds its VPT chunks of a row as stored (raw 16-byte vectors: 4 registers per 8 bf16
+// elements). The row group's next row is loaded into a second set of raw registers before the
+// current one is reduced and written, so every thread keeps loads in flight across the row
+// reductions and barriers. Column offsets inside a row are 32-bit (register rows are short).
+
+template <typename T, int VEC, int VPT>
+struct Chunks {
+  AlignedVector<T, VEC> v[VPT];
+};
+
+template <typename T, int VEC, int VPT, typename A>
+__device__ __forceinline__ void fill_chunks(A value, Chunks<T, VEC, VPT>& c) {
+#pragma unroll
+  for (int k = 0; k < VPT; ++k)
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) c.v[k].val[j] = from_acc<T>(value);
+}
+
+// This thread's chunks of the row at row_ptr; zeros for an invalid row and past the row's end.
+template <typename T, int VEC, int VPT, bool WARP_ROWS>
+__device__ __forceinline__ void load_chunks(const T* row_ptr, bool valid, const RowGroup<WARP_ROWS>& group, int cols,
+                                            Chunks<T, VEC, VPT>& c) {
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int col = (k * group.size + group.lane) * VEC;
+    if (valid && col < cols) {
+      c.v[k] = load_vector<T, VEC>(row_ptr + col);
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) c.v[k].val[j] = from_acc<T>(acc_t<T>(0));
+    }
+  }
+}
+
+// A column vector (weight, bias) for this thread's chunks, or `absent` everywhere when ptr is null.
+template <typename W, int VEC, int VPT, bool WARP_ROWS, typename A>
+__device__ __forceinline__ void load_column_chunks(const void* ptr, A absent, const RowGroup<WARP_ROWS>& group,
+                                                   int cols, Chunks<W, VEC, VPT>& c) {
+  if (ptr == nullptr) {
+    fill_chunks(absent, c);
+  } else {
+    load_chunks(static_cast<const W*>(ptr), true, group, cols, c);
+  }
+}
+
+// Makes the compiler forget what it knows about c's registers (no instruction is emitted), so
+// values converted from c before this point are converted again after it instead of being kept
+// live across it: one conversion per element instead of VEC registers per chunk.
+template <typename T, int VEC, int VPT>
+__device__ __forceinline__ void forget_values(Chunks<T, VEC, VPT>& c) {
+  if constexpr (sizeof(c) % 4 == 0) {
+    uint32_t words[sizeof(c) / 4];
+    memcpy(words, &c, sizeof(c));
+#pragma unroll
+    for (int i = 0; i < int(sizeof(c) / 4); ++i) asm volatile("" : "+r"(words[i]));
+    memcpy(&c, words, sizeof(c));
+  } else {  // 16-bit elements, odd count
+    uint16_t halves[sizeof(c) / 2];
+    memcpy(halves, &c, sizeof(c));
+#pragma unroll
+    for (int i = 0; i < int(sizeof(c) / 2); ++i) asm volatile("" : "+h"(halves[i]));
+    memcpy(&c, halves, sizeof(c));
+  }
+}
+
+// The rows this thread's group handles: row, row + step, ... (step = row groups in the grid).
+template <bool WARP_ROWS>
+struct RowWalk {
+  int64_t row;
+  int64_t step;
+  __device__ __forceinline__ explicit RowWalk(const RowGroup<WARP_ROWS>& group)
+      : row(int64_t(blockIdx.x) * group.count + group.index), step(int64_t(gridDim.x) * group.count) {}
+};
+
+// The normalized input of one row: x, or x + residual rounded to T (ADD).
+template <bool ADD, typename T, int VEC, int VPT, bool WARP_ROWS>
+__device__ __forceinline__ void load_fwd_row(const NormFwdParams& p, int64_t row, const RowGroup<WARP_ROWS>& group,
+                                             int cols, Chunks<T, VEC, VPT>& x, Chunks<T, VEC, VPT>& residual) {
+  const bool valid = row < p.rows;
+  load_chunks(static_cast<const T*>(p.x) + row * p.x_row_stride, valid, group, cols, x);
+  if constexpr (ADD)
+    load_chunks(static_cast<const T*>(p.residual) + row * p.residual_row_stride, valid, group, cols, residual);
+}
+
+// Forward, row held in registers (raw); blocks stride over rows (a persistent grid). With
+// PREFETCH the group's next row is loaded before the current one is reduced (two raw copies of a
+// row per thread); without it each row is loaded when it starts. Weight and bias are read at the
+// write, per row (they stay in L1). MAX_THREADS: the launch bound (registers per thread).
+template <typename T, typename W, bool RMS, bool ADD, bool WARP_ROWS, int VEC, int VPT, bool PREFETCH,
+          int MAX_THREADS>
+__global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdParams p) {
+  using A = acc_t<T>;
+  using Row = Chunks<T, VEC, VPT>;
+  __shared__ A scratch[32];
+  const RowGroup<WARP_ROWS> group;
+  const int cols = static_cast<int>(p.cols);
+  const A inv_cols = A(1) / A(cols);
+  AlignedVector<W, VEC> ones, zeros;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) ones.val[j] = from_acc<W>(A(1)), zeros.val[j] = from_acc<W>(A(0));
+  RowWalk<WARP_ROWS> walk(group);
+  Row next_x, next_residual;
+  if constexpr (PREFETCH) load_fwd_row<ADD>(p, walk.row, group, cols, next_x, next_residual);
+  // Every thread of the block runs the same iterations (row-group reductions need them all).
+  for (int64_t first = walk.row - group.index; first < p.rows; first += walk.step, walk.row += walk.step) {
+    const int64_t row = walk.row;
+    if constexpr (!PREFETCH) load_fwd_row<ADD>(p, row, group, cols, next_x, next_residual);
+    Row x = next_x;
+    if constexpr (ADD) {
+#pragma unroll
+      for (int k = 0; k < VPT; ++k)
+#pragma unroll
+        for (int j = 0; j < VEC; ++j)
+          x.v[k].val[j] = from_acc<T>(to_acc(x.v[k].val[j]) + to_acc(next_residual.v[k].val[j]));
+    }
+    if constexpr (PREFETCH) load_fwd_row<ADD>(p, row + walk.step, group, cols, next_x, next_residual);
+    const bool valid = row < p.rows;
+    A sum = 0;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int col = (k * group.size + group.lane) * VEC;
+      if (ADD && valid && col < cols) store_vector<T, VEC>(static_cast<T*>(p.residual_out) + row * p.cols + col, x.v[k]);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) sum += to_acc(x.v[k].val[j]);
+    }
+    const A mean = RMS ? A(0) : group.sum(sum, scratch) * inv_cols;
+    forget_values(x);
+    A squares = 0;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      if ((k * group.size + group.lane) * VEC < cols) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const A d = to_acc(x.v[k].val[j]) - mean;
+          squares += d * d;
+        }
+      }
+    }
+    const A rstd = inv_sqrt(group.sum(squares, scratch) * inv_cols + A(p.eps));
+    if (!valid) continue;
+    forget_values(x);
+    if (group.lane == 0) store_stats(p, row, mean, rstd, RMS);
+    T* out_row = static_cast<T*>(p.out) + row * p.cols;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int col = (k * group.size + group.lane) * VEC;
+      if (col >= cols) continue;
+      // Raw (W-typed) weight and bias: the compiler hoists these loads, converted they would
+      // cost twice the registers for 16-bit W.
+      const auto w = p.weight != nullptr ? load_vector<W, VEC>(static_cast<const W*>(p.weight) + col) : ones;
+      const auto b = p.bias != nullptr ? load_vector<W, VEC>(static_cast<const W*>(p.bias) + col) : zeros;
+      AlignedVector<T, VEC> out;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j)
+        out.val[j] = from_acc<T>((to_acc(x.v[k].val[j]) - mean) * rstd * to_acc(w.val[j]) + to_acc(b.val[j]));
+      store_vector<T, VEC>(out_row + col, out);
     }
   }
 }
@@ -324,49 +441,86 @@ __device__ __forceinline__ void write_block_partial(void* buffer, const NormBwdP
   }
 }
 
-// Backward, row held in registers; the block's column sums stay in registers across its rows.
-// Blocks stride over rows (a persistent grid): block b writes partial row b.
-template <typename T, typename W, bool RMS, bool WARP_ROWS, int VEC, int VPT>
-__global__ void __launch_bounds__(kMaxThreads) norm_bwd_kernel(const NormBwdParams p) {
+// The backward's operands of one row: x, dy and the row's statistics.
+template <typename T, int VEC, int VPT>
+struct BwdRow {
+  Chunks<T, VEC, VPT> x, dy;
+  acc_t<T> mean, rstd;
+};
+
+template <bool RMS, typename T, int VEC, int VPT, bool WARP_ROWS>
+__device__ __forceinline__ void load_bwd_row(const NormBwdParams& p, int64_t row, const RowGroup<WARP_ROWS>& group,
+                                             int cols, BwdRow<T, VEC, VPT>& r) {
+  using A = acc_t<T>;
+  const bool valid = row < p.rows;
+  r.mean = (!RMS && valid) ? A(p.mean[row]) : A(0);
+  r.rstd = valid ? A(p.rstd[row]) : A(0);
+  load_chunks(static_cast<const T*>(p.x) + row * p.x_row_stride, valid, group, cols, r.x);
+  load_chunks(static_cast<const T*>(p.dy) + row * p.dy_row_stride, valid, group, cols, r.dy);
+}
+
+// Backward, row held in registers; the weight and the block's column sums stay in registers
+// across its rows. Blocks stride over rows (a persistent grid): block b writes partial row b.
+// Invalid rows load zeros (rstd 0), so they add nothing to the column sums.
+template <typename T, typename W, bool RMS, bool WARP_ROWS, int VEC, int VPT, int MAX_THREADS>
+__global__ void __launch_bounds__(MAX_THREADS) norm_bwd_kernel(const NormBwdParams p) {
   using A = acc_t<T>;
   __shared__ A scratch[2][32];
   const RowGroup<WARP_ROWS> group;
-  const A inv_cols = A(1) / A(p.cols);
+  const int cols = static_cast<int>(p.cols);
+  const A inv_cols = A(1) / A(cols);
+  Chunks<W, VEC, VPT> weight;
+  load_column_chunks(p.weight, A(1), group, cols, weight);
   A dweight[VPT][VEC], dbias[VPT][VEC];
 #pragma unroll
   for (int k = 0; k < VPT; ++k)
 #pragma unroll
     for (int j = 0; j < VEC; ++j) dweight[k][j] = dbias[k][j] = A(0);
 
-  for (int64_t first = int64_t(blockIdx.x) * group.count; first < p.rows; first += int64_t(gridDim.x) * group.count) {
-    const int64_t row = first + group.index;
+  RowWalk<WARP_ROWS> walk(group);
+  BwdRow<T, VEC, VPT> next;
+  load_bwd_row<RMS>(p, walk.row, group, cols, next);
+  for (int64_t first = walk.row - group.index; first < p.rows; first += walk.step, walk.row += walk.step) {
+    const int64_t row = walk.row;
+    BwdRow<T, VEC, VPT> now = next;
+    load_bwd_row<RMS>(p, row + walk.step, group, cols, next);
     const bool valid = row < p.rows;
-    const A mean = (!RMS && valid) ? A(p.mean[row]) : A(0);
-    const A rstd = valid ? A(p.rstd[row]) : A(0);
+    Chunks<T, VEC, VPT> extra;  // the gradient reaching residual_out: needed only after the reduction
+    if (p.dresidual_out != nullptr) {
+      load_chunks(static_cast<const T*>(p.dresidual_out) + row * p.dresidual_out_row_stride, valid, group, cols,
+                  extra);
+    } else {
+      fill_chunks(A(0), extra);
+    }
     A xhat[VPT][VEC], g[VPT][VEC];
     A sum_g = 0, sum_gx = 0;
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
-      const int64_t col = (int64_t(k) * group.size + group.lane) * VEC;
-      if (valid && col < p.cols) {
-        load_grad_terms<T, W, VEC>(p, row, col, mean, rstd, xhat[k], g[k], dweight[k], dbias[k]);
-      } else {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) xhat[k][j] = g[k][j] = A(0);
-      }
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
+        const A dy = to_acc(now.dy.v[k].val[j]);
+        xhat[k][j] = (to_acc(now.x.v[k].val[j]) - now.mean) * now.rstd;
+        g[k][j] = dy * to_acc(weight.v[k].val[j]);
         sum_g += g[k][j];
         sum_gx += g[k][j] * xhat[k][j];
+        dweight[k][j] += dy * xhat[k][j];
+        if constexpr (!RMS) dbias[k][j] += dy;
       }
     }
     A mean_g, mean_gx;
     row_means<RMS>(group, sum_g, sum_gx, inv_cols, scratch, mean_g, mean_gx);
     if (!valid) continue;
+    T* dx_row = static_cast<T*>(p.dx) + row * p.cols;
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
-      const int64_t col = (int64_t(k) * group.size + group.lane) * VEC;
-      if (col < p.cols) store_dx<T, VEC>(p, row, col, xhat[k], g[k], rstd, mean_g, mean_gx);
+      const int col = (k * group.size + group.lane) * VEC;
+      if (col >= cols) continue;
+      AlignedVector<T, VEC> dx;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j)
+        dx.val[j] =
+            from_acc<T>(now.rstd * (g[k][j] - mean_g - xhat[k][j] * mean_gx) + to_acc(extra.v[k].val[j]));
+      store_vector<T, VEC>(dx_row + col, dx);
     }
   }
   if (p.weight_partial != nullptr) write_block_partial<WARP_ROWS, VEC, VPT>(p.weight_partial, p, group, dweight);
@@ -481,25 +635,66 @@ bool rows_aligned(const void* ptr, int64_t row_stride, int vec, int elem_bytes) 
   return ptr == nullptr || (is_aligned(ptr, vec * elem_bytes) && row_stride % vec == 0);
 }
 
-template <typename T, typename W, bool RMS, int VEC>
+// The device's SM count and per-block shared-memory limit (1 SM, no opt-in on failure).
+struct DeviceLimits {
+  int sms = 1;
+  int max_shared = 0;
+};
+
+DeviceLimits device_limits() {
+  DeviceLimits d;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&d.max_shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+    d = DeviceLimits{};
+  }
+  return d;
+}
+
+// Persistent grid: as many blocks as fit on the device at once, at most `needed`.
+template <typename Kernel>
+int64_t persistent_blocks(Kernel kernel, int threads, int shared_bytes, int sms, int64_t needed) {
+  int per_sm = 1;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, shared_bytes) != cudaSuccess) per_sm = 1;
+  return std::max<int64_t>(1, std::min<int64_t>(needed, int64_t(sms) * std::max(per_sm, 1)));
+}
+
+// Register rows: a warp per row (4 rows per block) up to 64 chunks, else a block of at most 512
+// threads per row with 2, 4 or 8 chunks per thread; longer rows stream. 512-thread launch bounds
+// leave up to 128 registers for the two raw copies of the row (the add_* variants with 8 chunks
+// per thread would need more: they load each row when it starts).
+template <typename T, typename W, bool RMS, bool ADD, int VEC>
 cudaError_t launch_fwd_with(const NormFwdParams& p, cudaStream_t stream) {
+  constexpr int kBlockRowsThreads = 512;
   FwdKernel kernel;
   int threads, groups = 1;
-  if (p.cols <= 32 * VEC) {
-    kernel = norm_fwd_kernel<T, W, RMS, true, VEC, 1>;
+  bool persistent = true;
+  const int64_t chunks = (p.cols + VEC - 1) / VEC;
+  if (chunks <= 32) {
+    kernel = norm_fwd_kernel<T, W, RMS, ADD, true, VEC, 1, true, kWarpRowsThreads>;
     threads = kWarpRowsThreads, groups = kWarpRowsGroups;
-  } else if (p.cols <= 128 * VEC) {
-    kernel = norm_fwd_kernel<T, W, RMS, true, VEC, 4>;
+  } else if (chunks <= 64) {
+    kernel = norm_fwd_kernel<T, W, RMS, ADD, true, VEC, 2, true, kWarpRowsThreads>;
     threads = kWarpRowsThreads, groups = kWarpRowsGroups;
-  } else if (p.cols <= int64_t(kMaxThreads) * 4 * VEC) {
-    kernel = norm_fwd_kernel<T, W, RMS, false, VEC, 4>;
-    threads = threads_for((p.cols + 4 * VEC - 1) / (4 * VEC));
+  } else if (chunks <= kBlockRowsThreads * 2) {
+    kernel = norm_fwd_kernel<T, W, RMS, ADD, false, VEC, 2, true, kBlockRowsThreads>;
+    threads = threads_for((chunks + 1) / 2);
+  } else if (chunks <= kBlockRowsThreads * 4) {
+    kernel = norm_fwd_kernel<T, W, RMS, ADD, false, VEC, 4, true, kBlockRowsThreads>;
+    threads = threads_for((chunks + 3) / 4);
+  } else if (chunks <= kBlockRowsThreads * 8) {
+    kernel = norm_fwd_kernel<T, W, RMS, ADD, false, VEC, 8, false, kBlockRowsThreads>;
+    threads = threads_for((chunks + 7) / 8);
   } else {
     kernel = norm_fwd_streaming_kernel<T, W, RMS, VEC>;
     threads = kMaxThreads;
+    persistent = false;
   }
   // Rows past the grid are taken by the kernels' grid-stride loops.
-  const int64_t blocks = std::min<int64_t>((p.rows + groups - 1) / groups, int64_t(1) << 30);
+  const int64_t row_groups = std::min<int64_t>((p.rows + groups - 1) / groups, int64_t(1) << 30);
+  const int64_t blocks =
+      persistent ? persistent_blocks(kernel, threads, 0, device_limits().sms, row_groups) : row_groups;
   kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(p);
   return cudaGetLastError();
 }
@@ -513,7 +708,11 @@ cudaError_t launch_fwd(const NormFwdParams& p, cudaStream_t stream) {
                           rows_aligned(p.residual, p.residual_row_stride, kVec, kBytes) &&
                           rows_aligned(p.residual_out, p.cols, kVec, kBytes) && rows_aligned(p.out, p.cols, kVec, kBytes) &&
                           column_aligned<W>(p.weight, kVec) && column_aligned<W>(p.bias, kVec);
-  return vectorized ? launch_fwd_with<T, W, RMS, kVec>(p, stream) : launch_fwd_with<T, W, RMS, 1>(p, stream);
+  if (p.residual != nullptr) {
+    return vectorized ? launch_fwd_with<T, W, RMS, true, kVec>(p, stream)
+                      : launch_fwd_with<T, W, RMS, true, 1>(p, stream);
+  }
+  return vectorized ? launch_fwd_with<T, W, RMS, false, kVec>(p, stream) : launch_fwd_with<T, W, RMS, false, 1>(p, stream);
 }
 
 struct BwdPlan {
@@ -523,31 +722,27 @@ struct BwdPlan {
   int shared_bytes;
 };
 
-// Persistent grid: as many blocks as fit on the device at once, at most one per row group.
+// Register rows: a warp per row (4 rows per block) up to 32 chunks, else a block per row with one
+// chunk per thread; longer rows stream. Persistent grid, at most one block per row group.
 template <typename T, typename W, bool RMS, int VEC>
 BwdPlan plan_bwd_with(const NormBwdParams& p) {
   using A = acc_t<T>;
-  int device = 0, sms = 1, per_sm = 1, max_shared = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&max_shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
-    sms = 1, max_shared = 0;
-  }
+  const DeviceLimits device = device_limits();
   BwdPlan plan;
   plan.shared_bytes = 0;
   int groups = 1;
   if (p.cols <= 32 * VEC) {
-    plan.kernel = norm_bwd_kernel<T, W, RMS, true, VEC, 1>;
+    plan.kernel = norm_bwd_kernel<T, W, RMS, true, VEC, 1, kWarpRowsThreads>;
     plan.threads = kWarpRowsThreads, groups = kWarpRowsGroups;
   } else if (p.cols <= int64_t(kMaxThreads) * VEC) {
-    plan.kernel = norm_bwd_kernel<T, W, RMS, false, VEC, 1>;
+    plan.kernel = norm_bwd_kernel<T, W, RMS, false, VEC, 1, kMaxThreads>;
     plan.threads = threads_for((p.cols + VEC - 1) / VEC);
   } else {
     plan.threads = threads_for((p.cols + 2 * VEC - 1) / (2 * VEC));
     const int64_t sums_bytes = ((p.dweight != nullptr) + (p.dbias != nullptr)) * p.cols * int64_t(sizeof(A));
     const int64_t static_bytes = 32 * sizeof(A);
     plan.kernel = norm_bwd_streaming_kernel<T, W, RMS, VEC, false>;
-    if (sums_bytes > 0 && sums_bytes + static_bytes <= max_shared) {
+    if (sums_bytes > 0 && sums_bytes + static_bytes <= device.max_shared) {
       const BwdKernel shared_kernel = norm_bwd_streaming_kernel<T, W, RMS, VEC, true>;
       if (cudaFuncSetAttribute(shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(sums_bytes)) == cudaSuccess) {
@@ -556,12 +751,8 @@ BwdPlan plan_bwd_with(const NormBwdParams& p) {
       }
     }
   }
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, plan.kernel, plan.threads, plan.shared_bytes) !=
-      cudaSuccess) {
-    per_sm = 1;
-  }
-  plan.blocks = std::max<int64_t>(1, std::min<int64_t>((p.rows + groups - 1) / groups,
-                                                       int64_t(sms) * std::max(per_sm, 1)));
+  plan.blocks = persistent_blocks(plan.kernel, plan.threads, plan.shared_bytes, device.sms,
+                                  (p.rows + groups - 1) / groups);
   return plan;
 }
 
