@@ -236,6 +236,35 @@ def test_gpu_benchmark_shapes(kind, n):
     _check_norm(kind, x, (n,), w, b)
 
 
+# (hidden, dtype) pairs that select every register-row variant of both directions, vectorized
+# (16-byte chunks) and scalar (odd hidden): forward warp rows with 1 and 2 chunks per thread,
+# block rows with 2, 4 (prefetching) and 8 (not) chunks per thread; backward warp and block rows.
+REGISTER_VARIANTS = [
+    (256, torch.bfloat16),  # fwd warp 1 chunk, bwd warp rows
+    (512, torch.bfloat16),  # fwd warp 2 chunks, bwd block rows
+    (4096, torch.bfloat16),  # fwd block 2 chunks
+    (16384, torch.bfloat16),  # fwd block 4 chunks, bwd streaming
+    (32768, torch.bfloat16),  # fwd block 8 chunks
+    (8192, torch.float32),  # fwd block 4 chunks (fp32 vectors of 4), bwd streaming
+    (13, torch.float16),  # scalar: fwd warp 1, bwd warp rows
+    (41, torch.float16),  # scalar: fwd warp 2, bwd block rows
+    (1500, torch.bfloat16),  # scalar: fwd block 4
+    (3001, torch.bfloat16),  # scalar: fwd block 8
+]
+
+
+@gpu
+@pytest.mark.parametrize("n, dtype", REGISTER_VARIANTS)
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
+def test_gpu_register_variants_many_rows_per_block(kind, n, dtype):
+    """Enough rows that every block of the persistent grids takes several (the next-row prefetch
+    crosses iterations), plus a last round where only some row groups have a row."""
+    rows = max(1003, 2**23 // n + 1)
+    x = torch.randn(rows, n, device="cuda", dtype=dtype) * 2 + 0.5
+    w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
+    _check_norm(kind, x, (n,), w, b)
+
+
 @gpu
 @pytest.mark.parametrize("n", [512, 1023, 4096])
 @pytest.mark.parametrize("dtype", LOW_PRECISION)
@@ -351,11 +380,11 @@ def test_gpu_fp16_large_sum_of_squares(kind):
 
 
 @gpu
-@pytest.mark.parametrize("n", [7, 1024, 8192, 40000])
+@pytest.mark.parametrize("n", [7, 512, 1024, 3001, 8192, 32768, 40000])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
 def test_gpu_add_variants(kind, dtype, n):
-    x = torch.randn(40, n, device="cuda", dtype=dtype)
+    x = torch.randn(40 if n > 8192 else 1003, n, device="cuda", dtype=dtype)
     r = torch.randn_like(x)
     w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
     g_out, g_res = torch.randn_like(x), torch.randn_like(x)
