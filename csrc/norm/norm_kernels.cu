@@ -537,6 +537,113 @@ __device__ __forceinline__ void add_sums(A* sums, int64_t col, const A (&v)[VEC]
   store_vector<A, VEC>(sums + col, acc);
 }
 
+// Backward for rows whose column sums do not fit in registers (VPT chunks per thread): the row is
+// still held in registers and prefetched as in norm_bwd_kernel, but the block's dweight / dbias
+// sums live in shared memory (weight sums, then bias sums, cols each), each thread adding to its
+// own columns only (no barriers), and the weight and the residual_out gradient are read where
+// they are used, leaving the registers to the two raw copies of the row.
+template <typename T, typename W, bool RMS, int VEC, int VPT>
+__global__ void __launch_bounds__(kMaxThreads) norm_bwd_shared_sums_kernel(const NormBwdParams p) {
+  using A = acc_t<T>;
+  extern __shared__ __align__(16) unsigned char shared_sums[];
+  __shared__ A scratch[2][32];
+  const RowGroup<false> group;
+  const int cols = static_cast<int>(p.cols);
+  const A inv_cols = A(1) / A(cols);
+  A* weight_sums = nullptr;
+  A* bias_sums = nullptr;
+  {
+    A* next_sums = reinterpret_cast<A*>(shared_sums);
+    if (p.weight_partial != nullptr) {
+      weight_sums = next_sums;
+      next_sums += cols;
+    }
+    if (p.bias_partial != nullptr) bias_sums = next_sums;
+  }
+  // Chunk k of this thread starts at lane * VEC + offset[k]. The offsets are hidden from the
+  // compiler so that it cannot prove two chunks' sums apart: it then keeps each chunk's shared
+  // read-modify-write after the previous one instead of hoisting all reads (registers).
+  int offset[VPT];
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    offset[k] = k * group.size * VEC;
+    asm volatile("" : "+r"(offset[k]));
+  }
+  const int lane_col = group.lane * VEC;
+  AlignedVector<W, VEC> ones;
+  AlignedVector<T, VEC> zeros;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) ones.val[j] = from_acc<W>(A(1)), zeros.val[j] = from_acc<T>(A(0));
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int col = lane_col + offset[k];
+    if (col >= cols) continue;
+    if (weight_sums != nullptr) store_vector<A, VEC>(weight_sums + col, AlignedVector<A, VEC>{});
+    if (bias_sums != nullptr) store_vector<A, VEC>(bias_sums + col, AlignedVector<A, VEC>{});
+  }
+
+  RowWalk<false> walk(group);
+  BwdRow<T, VEC, VPT> next;
+  load_bwd_row<RMS>(p, walk.row, group, cols, next);
+  for (; walk.row < p.rows; walk.row += walk.step) {  // block rows: the row is block-uniform
+    const int64_t row = walk.row;
+    BwdRow<T, VEC, VPT> now = next;
+    load_bwd_row<RMS>(p, row + walk.step, group, cols, next);
+    A sum_g = 0, sum_gx = 0;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int col = (k * group.size + group.lane) * VEC;
+      A w[VEC];
+      if (col < cols) load_column<W, VEC>(p.weight, col, A(1), w);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const A xhat = (to_acc(now.x.v[k].val[j]) - now.mean) * now.rstd;
+        const A g = col < cols ? to_acc(now.dy.v[k].val[j]) * w[j] : A(0);
+        sum_g += g;
+        sum_gx += g * xhat;
+      }
+    }
+    A mean_g, mean_gx;
+    row_means<RMS>(group, sum_g, sum_gx, inv_cols, scratch, mean_g, mean_gx);
+    forget_values(now.x);
+    forget_values(now.dy);
+    T* dx_row = static_cast<T*>(p.dx) + row * p.cols;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int col = lane_col + offset[k];
+      if (col >= cols) continue;
+      // Raw (stored-type) weight and residual_out gradient: half the registers of converted ones.
+      const auto w = p.weight != nullptr ? load_vector<W, VEC>(static_cast<const W*>(p.weight) + col) : ones;
+      const auto extra =
+          p.dresidual_out != nullptr
+              ? load_vector<T, VEC>(static_cast<const T*>(p.dresidual_out) + row * p.dresidual_out_row_stride + col)
+              : zeros;
+      A dweight[VEC], dbias[VEC];
+      AlignedVector<T, VEC> dx;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const A dy = to_acc(now.dy.v[k].val[j]);
+        const A xhat = (to_acc(now.x.v[k].val[j]) - now.mean) * now.rstd;
+        dx.val[j] = from_acc<T>(now.rstd * (dy * to_acc(w.val[j]) - mean_g - xhat * mean_gx) + to_acc(extra.val[j]));
+        dweight[j] = dy * xhat;
+        dbias[j] = dy;
+      }
+      store_vector<T, VEC>(dx_row + col, dx);
+      add_sums<A, VEC>(weight_sums, col, dweight);
+      add_sums<A, VEC>(bias_sums, col, dbias);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int col = lane_col + offset[k];
+    if (col >= cols) continue;
+    if (weight_sums != nullptr)
+      store_vector<A, VEC>(partial_at<A, VEC>(p.weight_partial, p, col), load_vector<A, VEC>(weight_sums + col));
+    if (bias_sums != nullptr)
+      store_vector<A, VEC>(partial_at<A, VEC>(p.bias_partial, p, col), load_vector<A, VEC>(bias_sums + col));
+  }
+}
+
 // Backward for rows too long for registers: one block per row; the row is read for the two
 // row sums and re-read (mostly from L2) for dx. The block's column sums accumulate in shared
 // memory when they fit (SHARED_SUMS: weight sums, then bias sums, cols each; copied to the
@@ -723,7 +830,9 @@ struct BwdPlan {
 };
 
 // Register rows: a warp per row (4 rows per block) up to 32 chunks, else a block per row with one
-// chunk per thread; longer rows stream. Persistent grid, at most one block per row group.
+// chunk per thread (column sums in registers) up to 1024 chunks, then two chunks per thread with
+// the column sums in shared memory up to 2048 chunks when the sums fit; longer rows stream.
+// Persistent grid, at most one block per row group.
 template <typename T, typename W, bool RMS, int VEC>
 BwdPlan plan_bwd_with(const NormBwdParams& p) {
   using A = acc_t<T>;
@@ -738,15 +847,17 @@ BwdPlan plan_bwd_with(const NormBwdParams& p) {
     plan.kernel = norm_bwd_kernel<T, W, RMS, false, VEC, 1, kMaxThreads>;
     plan.threads = threads_for((p.cols + VEC - 1) / VEC);
   } else {
-    plan.threads = threads_for((p.cols + 2 * VEC - 1) / (2 * VEC));
     const int64_t sums_bytes = ((p.dweight != nullptr) + (p.dbias != nullptr)) * p.cols * int64_t(sizeof(A));
-    const int64_t static_bytes = 32 * sizeof(A);
+    const bool sums_fit = sums_bytes + int64_t(2 * 32 * sizeof(A)) <= device.max_shared;
+    const BwdKernel register_rows = norm_bwd_shared_sums_kernel<T, W, RMS, VEC, 2>;
+    const BwdKernel streaming = norm_bwd_streaming_kernel<T, W, RMS, VEC, true>;
+    plan.threads = threads_for((p.cols + 2 * VEC - 1) / (2 * VEC));
     plan.kernel = norm_bwd_streaming_kernel<T, W, RMS, VEC, false>;
-    if (sums_bytes > 0 && sums_bytes + static_bytes <= device.max_shared) {
-      const BwdKernel shared_kernel = norm_bwd_streaming_kernel<T, W, RMS, VEC, true>;
-      if (cudaFuncSetAttribute(shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(sums_bytes)) == cudaSuccess) {
-        plan.kernel = shared_kernel;
+    if (sums_fit) {
+      const BwdKernel kernel = p.cols <= int64_t(kMaxThreads) * 2 * VEC ? register_rows : streaming;
+      if (sums_bytes == 0 || cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                  static_cast<int>(sums_bytes)) == cudaSuccess) {
+        plan.kernel = kernel;
         plan.shared_bytes = static_cast<int>(sums_bytes);
       }
     }
