@@ -205,17 +205,56 @@ __global__ void __launch_bounds__(kMaxThreads) norm_fwd_streaming_kernel(const N
 // current one is reduced and written, so every thread keeps loads in flight across the row
 // reductions and barriers. Column offsets inside a row are 32-bit (register rows are short).
 
+// Element j of a chunk of T stored as raw words (Word: uint32_t, or uint16_t for a lone 16-bit
+// element), in the accumulation type. 16-bit elements stay packed two per 32-bit register.
+template <typename T, typename Word>
+__device__ __forceinline__ acc_t<T> raw_element(const Word* words, int j) {
+  if constexpr (std::is_same_v<T, double>) {
+    return __hiloint2double(static_cast<int>(words[2 * j + 1]), static_cast<int>(words[2 * j]));
+  } else if constexpr (std::is_same_v<T, float>) {
+    return __uint_as_float(words[j]);
+  } else {
+    const uint32_t bits =
+        sizeof(Word) == 2 ? uint32_t(words[j]) : (j % 2 == 0 ? words[j / 2] & 0xffffu : words[j / 2] >> 16);
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      return __uint_as_float(bits << 16);
+    } else {
+      return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+    }
+  }
+}
+
+// VPT chunks of VEC elements of T as stored (raw words, so that the compiler keeps 16-bit data
+// packed: 4 registers per 8 bf16 elements).
 template <typename T, int VEC, int VPT>
 struct Chunks {
-  AlignedVector<T, VEC> v[VPT];
+  using Word = std::conditional_t<(sizeof(T) * VEC) % 4 == 0, uint32_t, uint16_t>;
+  static constexpr int kWords = int(sizeof(T) * VEC / sizeof(Word));
+  using Chunk = AlignedVector<Word, kWords>;
+  Chunk v[VPT];
+
+  __device__ __forceinline__ acc_t<T> get(int k, int j) const { return raw_element<T>(v[k].val, j); }
+  __device__ __forceinline__ void set(int k, const AlignedVector<T, VEC>& values) { memcpy(&v[k], &values, sizeof(Chunk)); }
+  __device__ __forceinline__ static Chunk load(const T* ptr) { return load_vector<Word, kWords>(reinterpret_cast<const Word*>(ptr)); }
+  __device__ __forceinline__ static void store(T* ptr, const Chunk& c) { store_vector<Word, kWords>(reinterpret_cast<Word*>(ptr), c); }
 };
 
 template <typename T, int VEC, int VPT, typename A>
 __device__ __forceinline__ void fill_chunks(A value, Chunks<T, VEC, VPT>& c) {
+  AlignedVector<T, VEC> values;
 #pragma unroll
-  for (int k = 0; k < VPT; ++k)
+  for (int j = 0; j < VEC; ++j) values.val[j] = from_acc<T>(value);
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) c.v[k].val[j] = from_acc<T>(value);
+  for (int k = 0; k < VPT; ++k) c.set(k, values);
+}
+
+// One raw chunk of a column vector (weight, bias) at col, or `absent` when ptr is null.
+template <typename W, int VEC>
+__device__ __forceinline__ Chunks<W, VEC, 1> column_chunk(const void* ptr, int col, const Chunks<W, VEC, 1>& absent) {
+  if (ptr == nullptr) return absent;
+  Chunks<W, VEC, 1> c;
+  c.v[0] = c.load(static_cast<const W*>(ptr) + col);
+  return c;
 }
 
 // This thread's chunks of the row at row_ptr; zeros for an invalid row and past the row's end.
@@ -225,12 +264,7 @@ __device__ __forceinline__ void load_chunks(const T* row_ptr, bool valid, const 
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
     const int col = (k * group.size + group.lane) * VEC;
-    if (valid && col < cols) {
-      c.v[k] = load_vector<T, VEC>(row_ptr + col);
-    } else {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) c.v[k].val[j] = from_acc<T>(acc_t<T>(0));
-    }
+    c.v[k] = valid && col < cols ? c.load(row_ptr + col) : typename Chunks<T, VEC, VPT>::Chunk{};
   }
 }
 
@@ -250,18 +284,16 @@ __device__ __forceinline__ void load_column_chunks(const void* ptr, A absent, co
 // live across it: one conversion per element instead of VEC registers per chunk.
 template <typename T, int VEC, int VPT>
 __device__ __forceinline__ void forget_values(Chunks<T, VEC, VPT>& c) {
-  if constexpr (sizeof(c) % 4 == 0) {
-    uint32_t words[sizeof(c) / 4];
-    memcpy(words, &c, sizeof(c));
 #pragma unroll
-    for (int i = 0; i < int(sizeof(c) / 4); ++i) asm volatile("" : "+r"(words[i]));
-    memcpy(&c, words, sizeof(c));
-  } else {  // 16-bit elements, odd count
-    uint16_t halves[sizeof(c) / 2];
-    memcpy(halves, &c, sizeof(c));
+  for (int k = 0; k < VPT; ++k) {
 #pragma unroll
-    for (int i = 0; i < int(sizeof(c) / 2); ++i) asm volatile("" : "+h"(halves[i]));
-    memcpy(&c, halves, sizeof(c));
+    for (int i = 0; i < c.kWords; ++i) {
+      if constexpr (sizeof(c.v[k].val[i]) == 4) {
+        asm volatile("" : "+r"(c.v[k].val[i]));
+      } else {
+        asm volatile("" : "+h"(c.v[k].val[i]));
+      }
+    }
   }
 }
 
@@ -297,9 +329,9 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdPara
   const RowGroup<WARP_ROWS> group;
   const int cols = static_cast<int>(p.cols);
   const A inv_cols = A(1) / A(cols);
-  AlignedVector<W, VEC> ones, zeros;
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) ones.val[j] = from_acc<W>(A(1)), zeros.val[j] = from_acc<W>(A(0));
+  Chunks<W, VEC, 1> ones, zeros;
+  fill_chunks(A(1), ones);
+  fill_chunks(A(0), zeros);
   RowWalk<WARP_ROWS> walk(group);
   Row next_x, next_residual;
   if constexpr (PREFETCH) load_fwd_row<ADD>(p, walk.row, group, cols, next_x, next_residual);
@@ -307,24 +339,25 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdPara
   for (int64_t first = walk.row - group.index; first < p.rows; first += walk.step, walk.row += walk.step) {
     const int64_t row = walk.row;
     if constexpr (!PREFETCH) load_fwd_row<ADD>(p, row, group, cols, next_x, next_residual);
+    const bool valid = row < p.rows;
     Row x = next_x;
     if constexpr (ADD) {
 #pragma unroll
-      for (int k = 0; k < VPT; ++k)
+      for (int k = 0; k < VPT; ++k) {
+        AlignedVector<T, VEC> rounded;
 #pragma unroll
-        for (int j = 0; j < VEC; ++j)
-          x.v[k].val[j] = from_acc<T>(to_acc(x.v[k].val[j]) + to_acc(next_residual.v[k].val[j]));
+        for (int j = 0; j < VEC; ++j) rounded.val[j] = from_acc<T>(x.get(k, j) + next_residual.get(k, j));
+        x.set(k, rounded);
+        const int col = (k * group.size + group.lane) * VEC;
+        if (valid && col < cols) store_vector<T, VEC>(static_cast<T*>(p.residual_out) + row * p.cols + col, rounded);
+      }
     }
     if constexpr (PREFETCH) load_fwd_row<ADD>(p, row + walk.step, group, cols, next_x, next_residual);
-    const bool valid = row < p.rows;
     A sum = 0;
 #pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      const int col = (k * group.size + group.lane) * VEC;
-      if (ADD && valid && col < cols) store_vector<T, VEC>(static_cast<T*>(p.residual_out) + row * p.cols + col, x.v[k]);
+    for (int k = 0; k < VPT; ++k)
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) sum += to_acc(x.v[k].val[j]);
-    }
+      for (int j = 0; j < VEC; ++j) sum += x.get(k, j);
     const A mean = RMS ? A(0) : group.sum(sum, scratch) * inv_cols;
     forget_values(x);
     A squares = 0;
@@ -333,7 +366,7 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdPara
       if ((k * group.size + group.lane) * VEC < cols) {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const A d = to_acc(x.v[k].val[j]) - mean;
+          const A d = x.get(k, j) - mean;
           squares += d * d;
         }
       }
@@ -349,12 +382,12 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdPara
       if (col >= cols) continue;
       // Raw (W-typed) weight and bias: the compiler hoists these loads, converted they would
       // cost twice the registers for 16-bit W.
-      const auto w = p.weight != nullptr ? load_vector<W, VEC>(static_cast<const W*>(p.weight) + col) : ones;
-      const auto b = p.bias != nullptr ? load_vector<W, VEC>(static_cast<const W*>(p.bias) + col) : zeros;
+      const auto w = column_chunk<W, VEC>(p.weight, col, ones);
+      const auto b = column_chunk<W, VEC>(p.bias, col, zeros);
       AlignedVector<T, VEC> out;
 #pragma unroll
       for (int j = 0; j < VEC; ++j)
-        out.val[j] = from_acc<T>((to_acc(x.v[k].val[j]) - mean) * rstd * to_acc(w.val[j]) + to_acc(b.val[j]));
+        out.val[j] = from_acc<T>((x.get(k, j) - mean) * rstd * w.get(0, j) + b.get(0, j));
       store_vector<T, VEC>(out_row + col, out);
     }
   }
@@ -498,9 +531,9 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_bwd_kernel(const NormBwdPara
     for (int k = 0; k < VPT; ++k) {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const A dy = to_acc(now.dy.v[k].val[j]);
-        xhat[k][j] = (to_acc(now.x.v[k].val[j]) - now.mean) * now.rstd;
-        g[k][j] = dy * to_acc(weight.v[k].val[j]);
+        const A dy = now.dy.get(k, j);
+        xhat[k][j] = (now.x.get(k, j) - now.mean) * now.rstd;
+        g[k][j] = dy * weight.get(k, j);
         sum_g += g[k][j];
         sum_gx += g[k][j] * xhat[k][j];
         dweight[k][j] += dy * xhat[k][j];
@@ -519,7 +552,7 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_bwd_kernel(const NormBwdPara
 #pragma unroll
       for (int j = 0; j < VEC; ++j)
         dx.val[j] =
-            from_acc<T>(now.rstd * (g[k][j] - mean_g - xhat[k][j] * mean_gx) + to_acc(extra.v[k].val[j]));
+            from_acc<T>(now.rstd * (g[k][j] - mean_g - xhat[k][j] * mean_gx) + extra.get(k, j));
       store_vector<T, VEC>(dx_row + col, dx);
     }
   }
@@ -542,8 +575,8 @@ __device__ __forceinline__ void add_sums(A* sums, int64_t col, const A (&v)[VEC]
 // sums live in shared memory (weight sums, then bias sums, cols each), each thread adding to its
 // own columns only (no barriers), and the weight and the residual_out gradient are read where
 // they are used, leaving the registers to the two raw copies of the row.
-template <typename T, typename W, bool RMS, int VEC, int VPT>
-__global__ void __launch_bounds__(kMaxThreads) norm_bwd_shared_sums_kernel(const NormBwdParams p) {
+template <typename T, typename W, bool RMS, int VEC, int VPT, int MAX_THREADS>
+__global__ void __launch_bounds__(MAX_THREADS) norm_bwd_shared_sums_kernel(const NormBwdParams p) {
   using A = acc_t<T>;
   extern __shared__ __align__(16) unsigned char shared_sums[];
   __shared__ A scratch[2][32];
@@ -570,10 +603,8 @@ __global__ void __launch_bounds__(kMaxThreads) norm_bwd_shared_sums_kernel(const
     asm volatile("" : "+r"(offset[k]));
   }
   const int lane_col = group.lane * VEC;
-  AlignedVector<W, VEC> ones;
-  AlignedVector<T, VEC> zeros;
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) ones.val[j] = from_acc<W>(A(1)), zeros.val[j] = from_acc<T>(A(0));
+  Chunks<W, VEC, 1> ones;
+  fill_chunks(A(1), ones);
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
     const int col = lane_col + offset[k];
@@ -593,12 +624,11 @@ __global__ void __launch_bounds__(kMaxThreads) norm_bwd_shared_sums_kernel(const
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
       const int col = (k * group.size + group.lane) * VEC;
-      A w[VEC];
-      if (col < cols) load_column<W, VEC>(p.weight, col, A(1), w);
+      const auto w = col < cols ? column_chunk<W, VEC>(p.weight, col, ones) : Chunks<W, VEC, 1>{};
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const A xhat = (to_acc(now.x.v[k].val[j]) - now.mean) * now.rstd;
-        const A g = col < cols ? to_acc(now.dy.v[k].val[j]) * w[j] : A(0);
+        const A xhat = (now.x.get(k, j) - now.mean) * now.rstd;
+        const A g = now.dy.get(k, j) * w.get(0, j);
         sum_g += g;
         sum_gx += g * xhat;
       }
@@ -613,18 +643,17 @@ __global__ void __launch_bounds__(kMaxThreads) norm_bwd_shared_sums_kernel(const
       const int col = lane_col + offset[k];
       if (col >= cols) continue;
       // Raw (stored-type) weight and residual_out gradient: half the registers of converted ones.
-      const auto w = p.weight != nullptr ? load_vector<W, VEC>(static_cast<const W*>(p.weight) + col) : ones;
-      const auto extra =
-          p.dresidual_out != nullptr
-              ? load_vector<T, VEC>(static_cast<const T*>(p.dresidual_out) + row * p.dresidual_out_row_stride + col)
-              : zeros;
+      const auto w = column_chunk<W, VEC>(p.weight, col, ones);
+      Chunks<T, VEC, 1> extra{};
+      if (p.dresidual_out != nullptr)
+        extra.v[0] = extra.load(static_cast<const T*>(p.dresidual_out) + row * p.dresidual_out_row_stride + col);
       A dweight[VEC], dbias[VEC];
       AlignedVector<T, VEC> dx;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const A dy = to_acc(now.dy.v[k].val[j]);
-        const A xhat = (to_acc(now.x.v[k].val[j]) - now.mean) * now.rstd;
-        dx.val[j] = from_acc<T>(now.rstd * (dy * to_acc(w.val[j]) - mean_g - xhat * mean_gx) + to_acc(extra.val[j]));
+        const A dy = now.dy.get(k, j);
+        const A xhat = (now.x.get(k, j) - now.mean) * now.rstd;
+        dx.val[j] = from_acc<T>(now.rstd * (dy * w.get(0, j) - mean_g - xhat * mean_gx) + extra.get(0, j));
         dweight[j] = dy * xhat;
         dbias[j] = dy;
       }
@@ -849,7 +878,7 @@ BwdPlan plan_bwd_with(const NormBwdParams& p) {
   } else {
     const int64_t sums_bytes = ((p.dweight != nullptr) + (p.dbias != nullptr)) * p.cols * int64_t(sizeof(A));
     const bool sums_fit = sums_bytes + int64_t(2 * 32 * sizeof(A)) <= device.max_shared;
-    const BwdKernel register_rows = norm_bwd_shared_sums_kernel<T, W, RMS, VEC, 2>;
+    const BwdKernel register_rows = norm_bwd_shared_sums_kernel<T, W, RMS, VEC, 4, 512>;
     const BwdKernel streaming = norm_bwd_streaming_kernel<T, W, RMS, VEC, true>;
     plan.threads = threads_for((p.cols + 2 * VEC - 1) / (2 * VEC));
     plan.kernel = norm_bwd_streaming_kernel<T, W, RMS, VEC, false>;
