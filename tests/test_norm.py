@@ -238,17 +238,18 @@ def test_gpu_benchmark_shapes(kind, n):
 
 # (hidden, dtype) pairs that select every register-row variant of both directions, vectorized
 # (16-byte chunks) and scalar (odd hidden): forward warp rows with 1 and 2 chunks per thread,
-# block rows with 2, 4 (prefetching) and 8 (not) chunks per thread; backward warp and block rows.
+# block rows with 2, 4 (prefetching) and 8 (not) chunks per thread; backward warp rows, block rows
+# with the column sums in registers, and block rows with the column sums in shared memory.
 REGISTER_VARIANTS = [
     (256, torch.bfloat16),  # fwd warp 1 chunk, bwd warp rows
     (512, torch.bfloat16),  # fwd warp 2 chunks, bwd block rows
     (4096, torch.bfloat16),  # fwd block 2 chunks
-    (16384, torch.bfloat16),  # fwd block 4 chunks, bwd streaming
+    (16384, torch.bfloat16),  # fwd block 4 chunks, bwd shared-sum rows
     (32768, torch.bfloat16),  # fwd block 8 chunks
-    (8192, torch.float32),  # fwd block 4 chunks (fp32 vectors of 4), bwd streaming
+    (8192, torch.float32),  # fwd block 4 chunks (fp32 vectors of 4), bwd shared-sum rows
     (13, torch.float16),  # scalar: fwd warp 1, bwd warp rows
     (41, torch.float16),  # scalar: fwd warp 2, bwd block rows
-    (1500, torch.bfloat16),  # scalar: fwd block 4
+    (1500, torch.bfloat16),  # scalar: fwd block 4, bwd shared-sum rows
     (3001, torch.bfloat16),  # scalar: fwd block 8
 ]
 
@@ -295,13 +296,14 @@ def test_gpu_streaming_small(kind):
 
 
 @gpu
+@pytest.mark.parametrize("n", [768, 16384])
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
 @pytest.mark.parametrize("affine", ["none", "weight", "bias"])
-def test_gpu_weight_or_bias_none(kind, affine):
-    x = torch.randn(100, 768, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(768, device="cuda", dtype=torch.bfloat16) if affine == "weight" else None
-    b = torch.randn(768, device="cuda", dtype=torch.bfloat16) if affine == "bias" else None
-    _check_norm(kind, x, (768,), w, b)
+def test_gpu_weight_or_bias_none(kind, affine, n):
+    x = torch.randn(300, n, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, device="cuda", dtype=torch.bfloat16) if affine == "weight" else None
+    b = torch.randn(n, device="cuda", dtype=torch.bfloat16) if affine == "bias" else None
+    _check_norm(kind, x, (n,), w, b)
 
 
 @gpu
@@ -350,7 +352,7 @@ def test_gpu_offset_view_gradient():
 
 
 @gpu
-@pytest.mark.parametrize("n", [123, 1024, 4096, 65536])
+@pytest.mark.parametrize("n", [123, 1024, 4096, 16384, 65536])
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
 def test_gpu_backward_bitwise_deterministic(kind, n):
     x = torch.randn(3000 if n < 65536 else 40, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -380,7 +382,7 @@ def test_gpu_fp16_large_sum_of_squares(kind):
 
 
 @gpu
-@pytest.mark.parametrize("n", [7, 512, 1024, 3001, 8192, 32768, 40000])
+@pytest.mark.parametrize("n", [7, 512, 1024, 1500, 3001, 8192, 16384, 32768, 40000])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
 def test_gpu_add_variants(kind, dtype, n):

@@ -236,7 +236,6 @@ struct Chunks {
   __device__ __forceinline__ acc_t<T> get(int k, int j) const { return raw_element<T>(v[k].val, j); }
   __device__ __forceinline__ void set(int k, const AlignedVector<T, VEC>& values) { memcpy(&v[k], &values, sizeof(Chunk)); }
   __device__ __forceinline__ static Chunk load(const T* ptr) { return load_vector<Word, kWords>(reinterpret_cast<const Word*>(ptr)); }
-  __device__ __forceinline__ static void store(T* ptr, const Chunk& c) { store_vector<Word, kWords>(reinterpret_cast<Word*>(ptr), c); }
 };
 
 template <typename T, int VEC, int VPT, typename A>
@@ -799,7 +798,7 @@ int64_t persistent_blocks(Kernel kernel, int threads, int shared_bytes, int sms,
 // Register rows: a warp per row (4 rows per block) up to 64 chunks, else a block of at most 512
 // threads per row with 2, 4 or 8 chunks per thread; longer rows stream. 512-thread launch bounds
 // leave up to 128 registers for the two raw copies of the row (the add_* variants with 8 chunks
-// per thread would need more: they load each row when it starts).
+// per thread, which also hold the residual, would spill: they load each row when it starts).
 template <typename T, typename W, bool RMS, bool ADD, int VEC>
 cudaError_t launch_fwd_with(const NormFwdParams& p, cudaStream_t stream) {
   constexpr int kBlockRowsThreads = 512;
@@ -820,8 +819,9 @@ cudaError_t launch_fwd_with(const NormFwdParams& p, cudaStream_t stream) {
     kernel = norm_fwd_kernel<T, W, RMS, ADD, false, VEC, 4, true, kBlockRowsThreads>;
     threads = threads_for((chunks + 3) / 4);
   } else if (chunks <= kBlockRowsThreads * 8) {
-    kernel = norm_fwd_kernel<T, W, RMS, ADD, false, VEC, 8, false, kBlockRowsThreads>;
+    kernel = norm_fwd_kernel<T, W, RMS, ADD, false, VEC, 8, !ADD, kBlockRowsThreads>;
     threads = threads_for((chunks + 7) / 8);
+    persistent = !ADD;  // without the prefetch, a data-sized grid
   } else {
     kernel = norm_fwd_streaming_kernel<T, W, RMS, VEC>;
     threads = kMaxThreads;
