@@ -859,8 +859,9 @@ struct BwdPlan {
 };
 
 // Register rows: a warp per row (4 rows per block) up to 32 chunks, else a block per row with one
-// chunk per thread (column sums in registers) up to 1024 chunks, then two chunks per thread with
-// the column sums in shared memory up to 2048 chunks when the sums fit; longer rows stream.
+// chunk per thread (column sums in registers) up to 1024 chunks, then 4 chunks per thread of at
+// most 512 threads (128 registers: two raw copies of the row) with the column sums in shared
+// memory up to 2048 chunks when the sums fit; longer rows stream.
 // Persistent grid, at most one block per row group.
 template <typename T, typename W, bool RMS, int VEC>
 BwdPlan plan_bwd_with(const NormBwdParams& p) {
@@ -876,19 +877,21 @@ BwdPlan plan_bwd_with(const NormBwdParams& p) {
     plan.kernel = norm_bwd_kernel<T, W, RMS, false, VEC, 1, kMaxThreads>;
     plan.threads = threads_for((p.cols + VEC - 1) / VEC);
   } else {
+    constexpr int kSharedSumsThreads = 512, kSharedSumsChunks = 4;
+    const int64_t chunks = (p.cols + VEC - 1) / VEC;
     const int64_t sums_bytes = ((p.dweight != nullptr) + (p.dbias != nullptr)) * p.cols * int64_t(sizeof(A));
     const bool sums_fit = sums_bytes + int64_t(2 * 32 * sizeof(A)) <= device.max_shared;
-    const BwdKernel register_rows = norm_bwd_shared_sums_kernel<T, W, RMS, VEC, 4, 512>;
-    const BwdKernel streaming = norm_bwd_streaming_kernel<T, W, RMS, VEC, true>;
-    plan.threads = threads_for((p.cols + 2 * VEC - 1) / (2 * VEC));
+    const bool register_rows = chunks <= kSharedSumsThreads * kSharedSumsChunks;
+    const BwdKernel shared_kernel =
+        register_rows ? norm_bwd_shared_sums_kernel<T, W, RMS, VEC, kSharedSumsChunks, kSharedSumsThreads>
+                      : norm_bwd_streaming_kernel<T, W, RMS, VEC, true>;
     plan.kernel = norm_bwd_streaming_kernel<T, W, RMS, VEC, false>;
-    if (sums_fit) {
-      const BwdKernel kernel = p.cols <= int64_t(kMaxThreads) * 2 * VEC ? register_rows : streaming;
-      if (sums_bytes == 0 || cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                  static_cast<int>(sums_bytes)) == cudaSuccess) {
-        plan.kernel = kernel;
-        plan.shared_bytes = static_cast<int>(sums_bytes);
-      }
+    plan.threads = threads_for((chunks + 1) / 2);
+    if (sums_fit && (sums_bytes == 0 || cudaFuncSetAttribute(shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                             static_cast<int>(sums_bytes)) == cudaSuccess)) {
+      plan.kernel = shared_kernel;
+      plan.shared_bytes = static_cast<int>(sums_bytes);
+      if (register_rows) plan.threads = threads_for((chunks + kSharedSumsChunks - 1) / kSharedSumsChunks);
     }
   }
   plan.blocks = persistent_blocks(plan.kernel, plan.threads, plan.shared_bytes, device.sms,
