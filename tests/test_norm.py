@@ -288,6 +288,18 @@ def test_gpu_small_cases(kind, n):
 
 @gpu
 @sanitizer
+@pytest.mark.parametrize("n, rows", [(512, 10000), (4096, 2000), (16384, 300), (32768, 300)])
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
+def test_gpu_pipelined_rows_small(kind, n, rows):
+    """More rows than one wave of the persistent grids (the next-row prefetch crosses iterations
+    and the last round has idle row groups): warp rows, block rows, shared-sum backward rows."""
+    x = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
+    _check_norm(kind, x, (n,), torch.randn(n, device="cuda", dtype=torch.bfloat16),
+                torch.randn(n, device="cuda", dtype=torch.bfloat16))
+
+
+@gpu
+@sanitizer
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
 def test_gpu_streaming_small(kind):
     n = 40000  # past the register capacity of both directions
