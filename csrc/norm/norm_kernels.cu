@@ -5,7 +5,8 @@
 // (k * group_size + lane) * VEC for k < VPT, so each load instruction of a warp is coalesced and
 // a thread always owns the same columns (which keeps the backward's column sums in registers).
 // Rows that fit (VPT chunks per thread) stay in registers between the reduction and the
-// write; longer rows go to a streaming kernel that re-reads them (from L2) instead.
+// write, on a persistent grid that loads each group's next row while it works on the current one
+// (see "register rows" below); longer rows go to a streaming kernel that re-reads them (from L2).
 // Statistics: mean first, then the sum of squared deviations from it (two passes in registers,
 // accurate for rows with a large mean), all in fp32 (fp64 for fp64 input).
 #include <algorithm>
