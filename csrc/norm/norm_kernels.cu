@@ -734,23 +734,29 @@ __global__ void __launch_bounds__(kMaxThreads) norm_bwd_streaming_kernel(const N
   }
 }
 
-// out[c] = sum over b of partial[b, c], b in increasing order per thread, then a fixed tree:
-// bitwise reproducible. Block (32, 32) owns 32 columns: thread (tx, ty) sums rows ty, ty + 32, ...
+// Column sums of a segment of partial rows: out[segment * out_step + c] = sum over the rows b in
+// [segment * segment_rows, min(rows, (segment + 1) * segment_rows)) of partial[b * row_step, c],
+// segment = blockIdx.y; b in increasing order per thread, then a fixed tree: bitwise
+// reproducible. Block (32, 32) owns 32 columns: thread (tx, ty) sums rows first + ty, + 32, ...
 // of column tx (coalesced), then warp ty adds the 32 values of column ty read down the tile,
-// whose row padding puts them in distinct banks.
-template <typename A, typename W>
-__global__ void __launch_bounds__(kMaxThreads) column_sum_kernel(const A* partial, int64_t blocks, int64_t cols,
-                                                                 W* out) {
+// whose row padding puts them in distinct banks. out may be partial itself when each segment
+// writes into its own first row (read by this block only, before the barrier).
+template <typename A, typename Out>
+__global__ void __launch_bounds__(kMaxThreads) column_sum_kernel(const A* partial, int64_t rows, int64_t row_step,
+                                                                 int64_t segment_rows, int64_t cols, Out* out,
+                                                                 int64_t out_step) {
   __shared__ A tile[32][33];
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t col0 = int64_t(blockIdx.x) * 32;
+  const int64_t first = int64_t(blockIdx.y) * segment_rows;
+  const int64_t end = rows < first + segment_rows ? rows : first + segment_rows;
   A sum = 0;
   if (col0 + tx < cols)
-    for (int64_t b = ty; b < blocks; b += 32) sum += partial[b * cols + col0 + tx];
+    for (int64_t b = first + ty; b < end; b += 32) sum += partial[b * row_step * cols + col0 + tx];
   tile[ty][tx] = sum;
   __syncthreads();
   const A column_total = warp_reduce(tile[tx][ty], SumOp{});
-  if (tx == 0 && col0 + ty < cols) out[col0 + ty] = from_acc<W>(column_total);
+  if (tx == 0 && col0 + ty < cols) out[int64_t(blockIdx.y) * out_step + col0 + ty] = from_acc<Out>(column_total);
 }
 
 // ---- launch ------------------------------------------------------------------------------------
@@ -911,6 +917,28 @@ BwdPlan plan_bwd(const NormBwdParams& p) {
   return vectorized ? plan_bwd_with<T, W, RMS, kVec>(p) : plan_bwd_with<T, W, RMS, 1>(p);
 }
 
+// out = the column sums of partial [rows, cols], in a fixed order. Many partial rows (short rows
+// run many small blocks) are first summed in segments of 256 rows, in place (each segment into
+// its first row), so that no thread of the final pass walks more than a few rows in sequence.
+template <typename A, typename W>
+cudaError_t column_sums(A* partial, int64_t rows, int64_t cols, W* out, cudaStream_t stream) {
+  constexpr int64_t kSegmentRows = 256;
+  const unsigned column_blocks = static_cast<unsigned>((cols + 31) / 32);
+  const dim3 block(32, 32);
+  int64_t row_step = 1;
+  if (rows > 2 * kSegmentRows) {
+    const int64_t segments = (rows + kSegmentRows - 1) / kSegmentRows;
+    column_sum_kernel<A, A><<<dim3(column_blocks, static_cast<unsigned>(segments)), block, 0, stream>>>(
+        partial, rows, 1, kSegmentRows, cols, partial, kSegmentRows * cols);
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+    rows = segments;
+    row_step = kSegmentRows;
+  }
+  column_sum_kernel<A, W><<<column_blocks, block, 0, stream>>>(partial, rows, row_step, rows, cols, out, 0);
+  return cudaGetLastError();
+}
+
 template <typename T, typename W, bool RMS>
 cudaError_t launch_bwd(const NormBwdParams& p, cudaStream_t stream) {
   using A = acc_t<T>;
@@ -925,17 +953,10 @@ cudaError_t launch_bwd(const NormBwdParams& p, cudaStream_t stream) {
   const BwdPlan plan = plan_bwd<T, W, RMS>(p);
   plan.kernel<<<static_cast<unsigned>(plan.blocks), plan.threads, plan.shared_bytes, stream>>>(p);
   cudaError_t err = cudaGetLastError();
-  const unsigned column_blocks = static_cast<unsigned>((p.cols + 31) / 32);
-  if (err == cudaSuccess && p.dweight != nullptr) {
-    column_sum_kernel<A, W><<<column_blocks, dim3(32, 32), 0, stream>>>(
-        static_cast<const A*>(p.weight_partial), plan.blocks, p.cols, static_cast<W*>(p.dweight));
-    err = cudaGetLastError();
-  }
-  if (err == cudaSuccess && p.dbias != nullptr) {
-    column_sum_kernel<A, W><<<column_blocks, dim3(32, 32), 0, stream>>>(
-        static_cast<const A*>(p.bias_partial), plan.blocks, p.cols, static_cast<W*>(p.dbias));
-    err = cudaGetLastError();
-  }
+  if (err == cudaSuccess && p.dweight != nullptr)
+    err = column_sums(static_cast<A*>(p.weight_partial), plan.blocks, p.cols, static_cast<W*>(p.dweight), stream);
+  if (err == cudaSuccess && p.dbias != nullptr)
+    err = column_sums(static_cast<A*>(p.bias_partial), plan.blocks, p.cols, static_cast<W*>(p.dbias), stream);
   return err;
 }
 
