@@ -267,7 +267,7 @@ def test_gpu_register_variants_many_rows_per_block(kind, n, dtype):
 
 
 @gpu
-@pytest.mark.parametrize("n", [512, 1023, 4096])
+@pytest.mark.parametrize("n", [512, 1023, 4096, 16384])
 @pytest.mark.parametrize("dtype", LOW_PRECISION)
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
 def test_gpu_mixed_precision_fp32_weight(kind, dtype, n):
