@@ -267,6 +267,17 @@ def test_gpu_register_variants_many_rows_per_block(kind, n, dtype):
 
 
 @gpu
+@pytest.mark.parametrize("n, rows", [(32768, 1100), (40000, 30)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_layer_norm_bias_sums_from_dy(dtype, n, rows):
+    """LayerNorm whose dweight and dbias column sums do not both fit in shared memory: dbias is
+    summed over dy's columns after the kernel (in segments past 512 rows, else in one pass)."""
+    x = torch.randn(rows, n, device="cuda", dtype=dtype) * 2 + 0.5
+    w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
+    _check_norm("layer_norm", x, (n,), w, b)
+
+
+@gpu
 @pytest.mark.parametrize("n", [512, 1023, 4096, 16384])
 @pytest.mark.parametrize("dtype", LOW_PRECISION)
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
@@ -364,10 +375,11 @@ def test_gpu_offset_view_gradient():
 
 
 @gpu
-@pytest.mark.parametrize("n", [123, 1024, 4096, 16384, 65536])
+@pytest.mark.parametrize("n", [123, 1024, 4096, 16384, 32768, 65536])
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
 def test_gpu_backward_bitwise_deterministic(kind, n):
-    x = torch.randn(3000 if n < 65536 else 40, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    rows = {32768: 1100, 65536: 40}.get(n, 3000)
+    x = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w = torch.randn(n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     b = torch.randn(n, device="cuda", dtype=torch.bfloat16, requires_grad=True) if kind == "layer_norm" else None
     dy = torch.randn_like(x)

@@ -734,17 +734,18 @@ __global__ void __launch_bounds__(kMaxThreads) norm_bwd_streaming_kernel(const N
   }
 }
 
-// Column sums of a segment of partial rows: out[segment * out_step + c] = sum over the rows b in
-// [segment * segment_rows, min(rows, (segment + 1) * segment_rows)) of partial[b * row_step, c],
+// Column sums of a segment of rows: out[segment * out_step + c] = sum over the rows b in
+// [segment * segment_rows, min(rows, (segment + 1) * segment_rows)) of input[b * row_stride + c],
 // segment = blockIdx.y; b in increasing order per thread, then a fixed tree: bitwise
 // reproducible. Block (32, 32) owns 32 columns: thread (tx, ty) sums rows first + ty, + 32, ...
 // of column tx (coalesced), then warp ty adds the 32 values of column ty read down the tile,
-// whose row padding puts them in distinct banks. out may be partial itself when each segment
+// whose row padding puts them in distinct banks. out may be the input itself when each segment
 // writes into its own first row (read by this block only, before the barrier).
-template <typename A, typename Out>
-__global__ void __launch_bounds__(kMaxThreads) column_sum_kernel(const A* partial, int64_t rows, int64_t row_step,
+template <typename In, typename Out>
+__global__ void __launch_bounds__(kMaxThreads) column_sum_kernel(const In* input, int64_t rows, int64_t row_stride,
                                                                  int64_t segment_rows, int64_t cols, Out* out,
                                                                  int64_t out_step) {
+  using A = acc_t<In>;
   __shared__ A tile[32][33];
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t col0 = int64_t(blockIdx.x) * 32;
@@ -752,7 +753,7 @@ __global__ void __launch_bounds__(kMaxThreads) column_sum_kernel(const A* partia
   const int64_t end = rows < first + segment_rows ? rows : first + segment_rows;
   A sum = 0;
   if (col0 + tx < cols)
-    for (int64_t b = first + ty; b < end; b += 32) sum += partial[b * row_step * cols + col0 + tx];
+    for (int64_t b = first + ty; b < end; b += 32) sum += to_acc(input[b * row_stride + col0 + tx]);
   tile[ty][tx] = sum;
   __syncthreads();
   const A column_total = warp_reduce(tile[tx][ty], SumOp{});
@@ -863,6 +864,7 @@ struct BwdPlan {
   int threads;
   int64_t blocks;
   int shared_bytes;
+  bool bias_from_dy;  // dbias summed over dy's columns after the kernel, not by it
 };
 
 // Register rows: a warp per row (4 rows per block) up to 32 chunks, else a block per row with one
@@ -876,6 +878,7 @@ BwdPlan plan_bwd_with(const NormBwdParams& p) {
   const DeviceLimits device = device_limits();
   BwdPlan plan;
   plan.shared_bytes = 0;
+  plan.bias_from_dy = false;
   int groups = 1;
   if (p.cols <= 32 * VEC) {
     plan.kernel = norm_bwd_kernel<T, W, RMS, true, VEC, 1, kWarpRowsThreads>;
@@ -886,8 +889,16 @@ BwdPlan plan_bwd_with(const NormBwdParams& p) {
   } else {
     constexpr int kSharedSumsThreads = 512, kSharedSumsChunks = 4;
     const int64_t chunks = (p.cols + VEC - 1) / VEC;
-    const int64_t sums_bytes = ((p.dweight != nullptr) + (p.dbias != nullptr)) * p.cols * int64_t(sizeof(A));
-    const bool sums_fit = sums_bytes + int64_t(2 * 32 * sizeof(A)) <= device.max_shared;
+    const int64_t static_bytes = 2 * 32 * sizeof(A);
+    int64_t sums_bytes = ((p.dweight != nullptr) + (p.dbias != nullptr)) * p.cols * int64_t(sizeof(A));
+    if (sums_bytes + static_bytes > device.max_shared && p.dweight != nullptr && p.dbias != nullptr) {
+      // Both column sums do not fit in shared memory, the weight's alone do: dbias (the column
+      // sums of dy) is taken from dy after the kernel, rather than both sums going through the
+      // partial rows in global memory for every row.
+      sums_bytes /= 2;
+      plan.bias_from_dy = true;
+    }
+    const bool sums_fit = sums_bytes + static_bytes <= device.max_shared;
     const bool register_rows = chunks <= kSharedSumsThreads * kSharedSumsChunks;
     const BwdKernel shared_kernel =
         register_rows ? norm_bwd_shared_sums_kernel<T, W, RMS, VEC, kSharedSumsChunks, kSharedSumsThreads>
@@ -917,25 +928,27 @@ BwdPlan plan_bwd(const NormBwdParams& p) {
   return vectorized ? plan_bwd_with<T, W, RMS, kVec>(p) : plan_bwd_with<T, W, RMS, 1>(p);
 }
 
-// out = the column sums of partial [rows, cols], in a fixed order. Many partial rows (short rows
-// run many small blocks) are first summed in segments of 256 rows, in place (each segment into
-// its first row), so that no thread of the final pass walks more than a few rows in sequence.
-template <typename A, typename W>
-cudaError_t column_sums(A* partial, int64_t rows, int64_t cols, W* out, cudaStream_t stream) {
-  constexpr int64_t kSegmentRows = 256;
+// out = the column sums of input [rows, cols] (row stride in elements), in a fixed order. Past
+// two segments of segment_rows rows (short rows run many small blocks), the segments are summed
+// first, so that no thread walks hundreds of rows in sequence, into row s * scratch_step of
+// scratch for segment s (scratch may be the input itself with scratch_step = segment_rows: each
+// segment then writes its own first row), then the segment totals.
+template <typename In, typename A, typename W>
+cudaError_t column_sums(const In* input, int64_t rows, int64_t row_stride, int64_t cols, int64_t segment_rows,
+                        A* scratch, int64_t scratch_step, W* out, cudaStream_t stream) {
   const unsigned column_blocks = static_cast<unsigned>((cols + 31) / 32);
   const dim3 block(32, 32);
-  int64_t row_step = 1;
-  if (rows > 2 * kSegmentRows) {
-    const int64_t segments = (rows + kSegmentRows - 1) / kSegmentRows;
-    column_sum_kernel<A, A><<<dim3(column_blocks, static_cast<unsigned>(segments)), block, 0, stream>>>(
-        partial, rows, 1, kSegmentRows, cols, partial, kSegmentRows * cols);
-    const cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
-    rows = segments;
-    row_step = kSegmentRows;
+  if (rows <= 2 * segment_rows) {
+    column_sum_kernel<In, W><<<column_blocks, block, 0, stream>>>(input, rows, row_stride, rows, cols, out, 0);
+    return cudaGetLastError();
   }
-  column_sum_kernel<A, W><<<column_blocks, block, 0, stream>>>(partial, rows, row_step, rows, cols, out, 0);
+  const int64_t segments = (rows + segment_rows - 1) / segment_rows;
+  column_sum_kernel<In, A><<<dim3(column_blocks, static_cast<unsigned>(segments)), block, 0, stream>>>(
+      input, rows, row_stride, segment_rows, cols, scratch, scratch_step * cols);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  column_sum_kernel<A, W><<<column_blocks, block, 0, stream>>>(scratch, segments, scratch_step * cols, segments, cols,
+                                                               out, 0);
   return cudaGetLastError();
 }
 
@@ -950,13 +963,27 @@ cudaError_t launch_bwd(const NormBwdParams& p, cudaStream_t stream) {
     }
     return p.dbias != nullptr ? cudaMemsetAsync(p.dbias, 0, p.cols * sizeof(W), stream) : cudaSuccess;
   }
+  constexpr int64_t kSegmentRows = 256;
   const BwdPlan plan = plan_bwd<T, W, RMS>(p);
-  plan.kernel<<<static_cast<unsigned>(plan.blocks), plan.threads, plan.shared_bytes, stream>>>(p);
+  NormBwdParams kernel_params = p;
+  if (plan.bias_from_dy) kernel_params.bias_partial = nullptr;
+  plan.kernel<<<static_cast<unsigned>(plan.blocks), plan.threads, plan.shared_bytes, stream>>>(kernel_params);
   cudaError_t err = cudaGetLastError();
-  if (err == cudaSuccess && p.dweight != nullptr)
-    err = column_sums(static_cast<A*>(p.weight_partial), plan.blocks, p.cols, static_cast<W*>(p.dweight), stream);
-  if (err == cudaSuccess && p.dbias != nullptr)
-    err = column_sums(static_cast<A*>(p.bias_partial), plan.blocks, p.cols, static_cast<W*>(p.dbias), stream);
+  A* weight_partial = static_cast<A*>(p.weight_partial);
+  A* bias_partial = static_cast<A*>(p.bias_partial);
+  if (err == cudaSuccess && p.dweight != nullptr) {
+    err = column_sums(weight_partial, plan.blocks, p.cols, p.cols, kSegmentRows, weight_partial, kSegmentRows,
+                      static_cast<W*>(p.dweight), stream);
+  }
+  if (err == cudaSuccess && p.dbias != nullptr && plan.bias_from_dy) {
+    // Segments of dy rows, at most one per partial row (the segment totals' scratch).
+    const int64_t segment_rows = std::max(kSegmentRows, (p.rows + plan.blocks - 1) / plan.blocks);
+    err = column_sums(static_cast<const T*>(p.dy), p.rows, p.dy_row_stride, p.cols, segment_rows, bias_partial, 1,
+                      static_cast<W*>(p.dbias), stream);
+  } else if (err == cudaSuccess && p.dbias != nullptr) {
+    err = column_sums(bias_partial, plan.blocks, p.cols, p.cols, kSegmentRows, bias_partial, kSegmentRows,
+                      static_cast<W*>(p.dbias), stream);
+  }
   return err;
 }
 
