@@ -236,8 +236,49 @@ def test_gpu_benchmark_shapes(kind, n):
     _check_norm(kind, x, (n,), w, b)
 
 
+# (hidden, dtype) pairs that select every register-row variant of both directions, vectorized
+# (16-byte chunks) and scalar (odd hidden): forward warp rows with 1 and 2 chunks per thread,
+# block rows with 2, 4 (prefetching) and 8 (not) chunks per thread; backward warp rows, block rows
+# with the column sums in registers, and block rows with the column sums in shared memory.
+REGISTER_VARIANTS = [
+    (256, torch.bfloat16),  # fwd warp 1 chunk, bwd warp rows
+    (512, torch.bfloat16),  # fwd warp 2 chunks, bwd block rows
+    (4096, torch.bfloat16),  # fwd block 2 chunks
+    (16384, torch.bfloat16),  # fwd block 4 chunks, bwd shared-sum rows
+    (32768, torch.bfloat16),  # fwd block 8 chunks
+    (8192, torch.float32),  # fwd block 4 chunks (fp32 vectors of 4), bwd shared-sum rows
+    (13, torch.float16),  # scalar: fwd warp 1, bwd warp rows
+    (41, torch.float16),  # scalar: fwd warp 2, bwd block rows
+    (1500, torch.bfloat16),  # scalar: fwd block 4, bwd shared-sum rows
+    (3001, torch.bfloat16),  # scalar: fwd block 8
+]
+
+
 @gpu
-@pytest.mark.parametrize("n", [512, 1023, 4096])
+@pytest.mark.parametrize("n, dtype", REGISTER_VARIANTS)
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
+def test_gpu_register_variants_many_rows_per_block(kind, n, dtype):
+    """Enough rows that every block of the persistent grids takes several (the next-row prefetch
+    crosses iterations), plus a last round where only some row groups have a row."""
+    rows = max(1003, 2**23 // n + 1)
+    x = torch.randn(rows, n, device="cuda", dtype=dtype) * 2 + 0.5
+    w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
+    _check_norm(kind, x, (n,), w, b)
+
+
+@gpu
+@pytest.mark.parametrize("n, rows", [(32768, 1100), (40000, 30)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_layer_norm_bias_sums_from_dy(dtype, n, rows):
+    """LayerNorm whose dweight and dbias column sums do not both fit in shared memory: dbias is
+    summed over dy's columns after the kernel (in segments past 512 rows, else in one pass)."""
+    x = torch.randn(rows, n, device="cuda", dtype=dtype) * 2 + 0.5
+    w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
+    _check_norm("layer_norm", x, (n,), w, b)
+
+
+@gpu
+@pytest.mark.parametrize("n", [512, 1023, 4096, 16384])
 @pytest.mark.parametrize("dtype", LOW_PRECISION)
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
 def test_gpu_mixed_precision_fp32_weight(kind, dtype, n):
@@ -258,6 +299,18 @@ def test_gpu_small_cases(kind, n):
 
 @gpu
 @sanitizer
+@pytest.mark.parametrize("n, rows", [(512, 10000), (4096, 2000), (16384, 300), (32768, 300)])
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
+def test_gpu_pipelined_rows_small(kind, n, rows):
+    """More rows than one wave of the persistent grids (the next-row prefetch crosses iterations
+    and the last round has idle row groups): warp rows, block rows, shared-sum backward rows."""
+    x = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
+    _check_norm(kind, x, (n,), torch.randn(n, device="cuda", dtype=torch.bfloat16),
+                torch.randn(n, device="cuda", dtype=torch.bfloat16))
+
+
+@gpu
+@sanitizer
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
 def test_gpu_streaming_small(kind):
     n = 40000  # past the register capacity of both directions
@@ -266,13 +319,14 @@ def test_gpu_streaming_small(kind):
 
 
 @gpu
+@pytest.mark.parametrize("n", [768, 16384])
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
 @pytest.mark.parametrize("affine", ["none", "weight", "bias"])
-def test_gpu_weight_or_bias_none(kind, affine):
-    x = torch.randn(100, 768, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(768, device="cuda", dtype=torch.bfloat16) if affine == "weight" else None
-    b = torch.randn(768, device="cuda", dtype=torch.bfloat16) if affine == "bias" else None
-    _check_norm(kind, x, (768,), w, b)
+def test_gpu_weight_or_bias_none(kind, affine, n):
+    x = torch.randn(300, n, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, device="cuda", dtype=torch.bfloat16) if affine == "weight" else None
+    b = torch.randn(n, device="cuda", dtype=torch.bfloat16) if affine == "bias" else None
+    _check_norm(kind, x, (n,), w, b)
 
 
 @gpu
@@ -321,10 +375,11 @@ def test_gpu_offset_view_gradient():
 
 
 @gpu
-@pytest.mark.parametrize("n", [123, 1024, 4096, 65536])
+@pytest.mark.parametrize("n", [123, 1024, 4096, 16384, 32768, 65536])
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
 def test_gpu_backward_bitwise_deterministic(kind, n):
-    x = torch.randn(3000 if n < 65536 else 40, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    rows = {32768: 1100, 65536: 40}.get(n, 3000)
+    x = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w = torch.randn(n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     b = torch.randn(n, device="cuda", dtype=torch.bfloat16, requires_grad=True) if kind == "layer_norm" else None
     dy = torch.randn_like(x)
@@ -351,11 +406,11 @@ def test_gpu_fp16_large_sum_of_squares(kind):
 
 
 @gpu
-@pytest.mark.parametrize("n", [7, 1024, 8192, 40000])
+@pytest.mark.parametrize("n", [7, 512, 1024, 1500, 3001, 8192, 16384, 32768, 40000])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
 def test_gpu_add_variants(kind, dtype, n):
-    x = torch.randn(40, n, device="cuda", dtype=dtype)
+    x = torch.randn(40 if n > 8192 else 1003, n, device="cuda", dtype=dtype)
     r = torch.randn_like(x)
     w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
     g_out, g_res = torch.randn_like(x), torch.randn_like(x)

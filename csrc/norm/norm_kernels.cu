@@ -5,10 +5,13 @@
 // (k * group_size + lane) * VEC for k < VPT, so each load instruction of a warp is coalesced and
 // a thread always owns the same columns (which keeps the backward's column sums in registers).
 // Rows that fit (VPT chunks per thread) stay in registers between the reduction and the
-// write; longer rows go to a streaming kernel that re-reads them (from L2) instead.
+// write, on a persistent grid that loads each group's next row while it works on the current one
+// (see "register rows" below); longer rows go to a streaming kernel that re-reads them (from L2).
 // Statistics: mean first, then the sum of squared deviations from it (two passes in registers,
 // accurate for rows with a large mean), all in fp32 (fp64 for fp64 input).
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "../common/dispatch.cuh"
@@ -157,52 +160,6 @@ __device__ __forceinline__ void store_stats(const NormFwdParams& p, int64_t row,
   p.rstd[row] = static_cast<float>(rstd);
 }
 
-// Forward, row held in registers: VPT chunks of VEC elements per thread.
-template <typename T, typename W, bool RMS, bool WARP_ROWS, int VEC, int VPT>
-__global__ void __launch_bounds__(kMaxThreads) norm_fwd_kernel(const NormFwdParams p) {
-  using A = acc_t<T>;
-  __shared__ A scratch[32];
-  const RowGroup<WARP_ROWS> group;
-  const A inv_cols = A(1) / A(p.cols);
-  // Every thread of the block runs the same iterations (row-group reductions need them all).
-  for (int64_t first = int64_t(blockIdx.x) * group.count; first < p.rows; first += int64_t(gridDim.x) * group.count) {
-    const int64_t row = first + group.index;
-    const bool valid = row < p.rows;
-    A v[VPT][VEC];
-    A sum = 0;
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      const int64_t col = (int64_t(k) * group.size + group.lane) * VEC;
-      if (valid && col < p.cols) {
-        load_input<T, VEC>(p, row, col, v[k]);
-      } else {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) v[k][j] = A(0);
-      }
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) sum += v[k][j];
-    }
-    const A mean = RMS ? A(0) : group.sum(sum, scratch) * inv_cols;
-    A squares = 0;
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      const int64_t col = (int64_t(k) * group.size + group.lane) * VEC;
-      if (col < p.cols) {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) squares += (v[k][j] - mean) * (v[k][j] - mean);
-      }
-    }
-    const A rstd = inv_sqrt(group.sum(squares, scratch) * inv_cols + A(p.eps));
-    if (!valid) continue;
-    if (group.lane == 0) store_stats(p, row, mean, rstd, RMS);
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      const int64_t col = (int64_t(k) * group.size + group.lane) * VEC;
-      if (col < p.cols) store_output<T, W, VEC>(p, row, col, v[k], mean, rstd);
-    }
-  }
-}
-
 // Forward for rows too long for registers: one block per row, the row read once from memory and
 // re-read (mostly from L2) for the variance and the output.
 template <typename T, typename W, bool RMS, int VEC>
@@ -239,6 +196,199 @@ __global__ void __launch_bounds__(kMaxThreads) norm_fwd_streaming_kernel(const N
       A v[VEC];
       reload_input<T, VEC>(p, row, col, v);
       store_output<T, W, VEC>(p, row, col, v, mean, rstd);
+    }
+  }
+}
+
+// ---- register rows, software-pipelined ---------------------------------------------------------
+// A thread holds its VPT chunks of a row as stored (raw 16-byte vectors: 4 registers per 8 bf16
+// elements). The row group's next row is loaded into a second set of raw registers before the
+// current one is reduced and written, so every thread keeps loads in flight across the row
+// reductions and barriers. Column offsets inside a row are 32-bit (register rows are short).
+
+// Element j of a chunk of T stored as raw words (Word: uint32_t, or uint16_t for a lone 16-bit
+// element), in the accumulation type. 16-bit elements stay packed two per 32-bit register.
+template <typename T, typename Word>
+__device__ __forceinline__ acc_t<T> raw_element(const Word* words, int j) {
+  if constexpr (std::is_same_v<T, double>) {
+    return __hiloint2double(static_cast<int>(words[2 * j + 1]), static_cast<int>(words[2 * j]));
+  } else if constexpr (std::is_same_v<T, float>) {
+    return __uint_as_float(words[j]);
+  } else {
+    const uint32_t bits =
+        sizeof(Word) == 2 ? uint32_t(words[j]) : (j % 2 == 0 ? words[j / 2] & 0xffffu : words[j / 2] >> 16);
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      return __uint_as_float(bits << 16);
+    } else {
+      return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+    }
+  }
+}
+
+// VPT chunks of VEC elements of T as stored (raw words, so that the compiler keeps 16-bit data
+// packed: 4 registers per 8 bf16 elements).
+template <typename T, int VEC, int VPT>
+struct Chunks {
+  using Word = std::conditional_t<(sizeof(T) * VEC) % 4 == 0, uint32_t, uint16_t>;
+  static constexpr int kWords = int(sizeof(T) * VEC / sizeof(Word));
+  using Chunk = AlignedVector<Word, kWords>;
+  Chunk v[VPT];
+
+  __device__ __forceinline__ acc_t<T> get(int k, int j) const { return raw_element<T>(v[k].val, j); }
+  __device__ __forceinline__ void set(int k, const AlignedVector<T, VEC>& values) { memcpy(&v[k], &values, sizeof(Chunk)); }
+  __device__ __forceinline__ static Chunk load(const T* ptr) { return load_vector<Word, kWords>(reinterpret_cast<const Word*>(ptr)); }
+};
+
+template <typename T, int VEC, int VPT, typename A>
+__device__ __forceinline__ void fill_chunks(A value, Chunks<T, VEC, VPT>& c) {
+  AlignedVector<T, VEC> values;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) values.val[j] = from_acc<T>(value);
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) c.set(k, values);
+}
+
+// One raw chunk of a column vector (weight, bias) at col, or `absent` when ptr is null.
+template <typename W, int VEC>
+__device__ __forceinline__ Chunks<W, VEC, 1> column_chunk(const void* ptr, int col, const Chunks<W, VEC, 1>& absent) {
+  if (ptr == nullptr) return absent;
+  Chunks<W, VEC, 1> c;
+  c.v[0] = c.load(static_cast<const W*>(ptr) + col);
+  return c;
+}
+
+// This thread's chunks of the row at row_ptr; zeros for an invalid row and past the row's end.
+template <typename T, int VEC, int VPT, bool WARP_ROWS>
+__device__ __forceinline__ void load_chunks(const T* row_ptr, bool valid, const RowGroup<WARP_ROWS>& group, int cols,
+                                            Chunks<T, VEC, VPT>& c) {
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int col = (k * group.size + group.lane) * VEC;
+    c.v[k] = valid && col < cols ? c.load(row_ptr + col) : typename Chunks<T, VEC, VPT>::Chunk{};
+  }
+}
+
+// A column vector (weight, bias) for this thread's chunks, or `absent` everywhere when ptr is null.
+template <typename W, int VEC, int VPT, bool WARP_ROWS, typename A>
+__device__ __forceinline__ void load_column_chunks(const void* ptr, A absent, const RowGroup<WARP_ROWS>& group,
+                                                   int cols, Chunks<W, VEC, VPT>& c) {
+  if (ptr == nullptr) {
+    fill_chunks(absent, c);
+  } else {
+    load_chunks(static_cast<const W*>(ptr), true, group, cols, c);
+  }
+}
+
+// Makes the compiler forget what it knows about c's registers (no instruction is emitted), so
+// values converted from c before this point are converted again after it instead of being kept
+// live across it: one conversion per element instead of VEC registers per chunk.
+template <typename T, int VEC, int VPT>
+__device__ __forceinline__ void forget_values(Chunks<T, VEC, VPT>& c) {
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+#pragma unroll
+    for (int i = 0; i < c.kWords; ++i) {
+      if constexpr (sizeof(c.v[k].val[i]) == 4) {
+        asm volatile("" : "+r"(c.v[k].val[i]));
+      } else {
+        asm volatile("" : "+h"(c.v[k].val[i]));
+      }
+    }
+  }
+}
+
+// The rows this thread's group handles: row, row + step, ... (step = row groups in the grid).
+template <bool WARP_ROWS>
+struct RowWalk {
+  int64_t row;
+  int64_t step;
+  __device__ __forceinline__ explicit RowWalk(const RowGroup<WARP_ROWS>& group)
+      : row(int64_t(blockIdx.x) * group.count + group.index), step(int64_t(gridDim.x) * group.count) {}
+};
+
+// The normalized input of one row: x, or x + residual rounded to T (ADD).
+template <bool ADD, typename T, int VEC, int VPT, bool WARP_ROWS>
+__device__ __forceinline__ void load_fwd_row(const NormFwdParams& p, int64_t row, const RowGroup<WARP_ROWS>& group,
+                                             int cols, Chunks<T, VEC, VPT>& x, Chunks<T, VEC, VPT>& residual) {
+  const bool valid = row < p.rows;
+  load_chunks(static_cast<const T*>(p.x) + row * p.x_row_stride, valid, group, cols, x);
+  if constexpr (ADD)
+    load_chunks(static_cast<const T*>(p.residual) + row * p.residual_row_stride, valid, group, cols, residual);
+}
+
+// Forward, row held in registers (raw); blocks stride over rows (a persistent grid). With
+// PREFETCH the group's next row is loaded before the current one is reduced (two raw copies of a
+// row per thread); without it each row is loaded when it starts. Weight and bias are read at the
+// write, per row (they stay in L1). MAX_THREADS: the launch bound (registers per thread).
+template <typename T, typename W, bool RMS, bool ADD, bool WARP_ROWS, int VEC, int VPT, bool PREFETCH,
+          int MAX_THREADS>
+__global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdParams p) {
+  using A = acc_t<T>;
+  using Row = Chunks<T, VEC, VPT>;
+  __shared__ A scratch[32];
+  const RowGroup<WARP_ROWS> group;
+  const int cols = static_cast<int>(p.cols);
+  const A inv_cols = A(1) / A(cols);
+  Chunks<W, VEC, 1> ones, zeros;
+  fill_chunks(A(1), ones);
+  fill_chunks(A(0), zeros);
+  RowWalk<WARP_ROWS> walk(group);
+  Row next_x, next_residual;
+  if constexpr (PREFETCH) load_fwd_row<ADD>(p, walk.row, group, cols, next_x, next_residual);
+  // Every thread of the block runs the same iterations (row-group reductions need them all).
+  for (int64_t first = walk.row - group.index; first < p.rows; first += walk.step, walk.row += walk.step) {
+    const int64_t row = walk.row;
+    if constexpr (!PREFETCH) load_fwd_row<ADD>(p, row, group, cols, next_x, next_residual);
+    const bool valid = row < p.rows;
+    Row x = next_x;
+    if constexpr (ADD) {
+#pragma unroll
+      for (int k = 0; k < VPT; ++k) {
+        AlignedVector<T, VEC> rounded;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) rounded.val[j] = from_acc<T>(x.get(k, j) + next_residual.get(k, j));
+        x.set(k, rounded);
+        const int col = (k * group.size + group.lane) * VEC;
+        if (valid && col < cols) store_vector<T, VEC>(static_cast<T*>(p.residual_out) + row * p.cols + col, rounded);
+      }
+    }
+    if constexpr (PREFETCH) load_fwd_row<ADD>(p, row + walk.step, group, cols, next_x, next_residual);
+    A sum = 0;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k)
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) sum += x.get(k, j);
+    const A mean = RMS ? A(0) : group.sum(sum, scratch) * inv_cols;
+    forget_values(x);
+    A squares = 0;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      if ((k * group.size + group.lane) * VEC < cols) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const A d = x.get(k, j) - mean;
+          squares += d * d;
+        }
+      }
+    }
+    const A rstd = inv_sqrt(group.sum(squares, scratch) * inv_cols + A(p.eps));
+    if (!valid) continue;
+    forget_values(x);
+    if (group.lane == 0) store_stats(p, row, mean, rstd, RMS);
+    T* out_row = static_cast<T*>(p.out) + row * p.cols;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int col = (k * group.size + group.lane) * VEC;
+      if (col >= cols) continue;
+      // Raw (W-typed) weight and bias: the compiler hoists these loads, converted they would
+      // cost twice the registers for 16-bit W.
+      const auto w = column_chunk<W, VEC>(p.weight, col, ones);
+      const auto b = column_chunk<W, VEC>(p.bias, col, zeros);
+      AlignedVector<T, VEC> out;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j)
+        out.val[j] = from_acc<T>((x.get(k, j) - mean) * rstd * w.get(0, j) + b.get(0, j));
+      store_vector<T, VEC>(out_row + col, out);
     }
   }
 }
@@ -324,49 +474,86 @@ __device__ __forceinline__ void write_block_partial(void* buffer, const NormBwdP
   }
 }
 
-// Backward, row held in registers; the block's column sums stay in registers across its rows.
-// Blocks stride over rows (a persistent grid): block b writes partial row b.
-template <typename T, typename W, bool RMS, bool WARP_ROWS, int VEC, int VPT>
-__global__ void __launch_bounds__(kMaxThreads) norm_bwd_kernel(const NormBwdParams p) {
+// The backward's operands of one row: x, dy and the row's statistics.
+template <typename T, int VEC, int VPT>
+struct BwdRow {
+  Chunks<T, VEC, VPT> x, dy;
+  acc_t<T> mean, rstd;
+};
+
+template <bool RMS, typename T, int VEC, int VPT, bool WARP_ROWS>
+__device__ __forceinline__ void load_bwd_row(const NormBwdParams& p, int64_t row, const RowGroup<WARP_ROWS>& group,
+                                             int cols, BwdRow<T, VEC, VPT>& r) {
+  using A = acc_t<T>;
+  const bool valid = row < p.rows;
+  r.mean = (!RMS && valid) ? A(p.mean[row]) : A(0);
+  r.rstd = valid ? A(p.rstd[row]) : A(0);
+  load_chunks(static_cast<const T*>(p.x) + row * p.x_row_stride, valid, group, cols, r.x);
+  load_chunks(static_cast<const T*>(p.dy) + row * p.dy_row_stride, valid, group, cols, r.dy);
+}
+
+// Backward, row held in registers; the weight and the block's column sums stay in registers
+// across its rows. Blocks stride over rows (a persistent grid): block b writes partial row b.
+// Invalid rows load zeros (rstd 0), so they add nothing to the column sums.
+template <typename T, typename W, bool RMS, bool WARP_ROWS, int VEC, int VPT, int MAX_THREADS>
+__global__ void __launch_bounds__(MAX_THREADS) norm_bwd_kernel(const NormBwdParams p) {
   using A = acc_t<T>;
   __shared__ A scratch[2][32];
   const RowGroup<WARP_ROWS> group;
-  const A inv_cols = A(1) / A(p.cols);
+  const int cols = static_cast<int>(p.cols);
+  const A inv_cols = A(1) / A(cols);
+  Chunks<W, VEC, VPT> weight;
+  load_column_chunks(p.weight, A(1), group, cols, weight);
   A dweight[VPT][VEC], dbias[VPT][VEC];
 #pragma unroll
   for (int k = 0; k < VPT; ++k)
 #pragma unroll
     for (int j = 0; j < VEC; ++j) dweight[k][j] = dbias[k][j] = A(0);
 
-  for (int64_t first = int64_t(blockIdx.x) * group.count; first < p.rows; first += int64_t(gridDim.x) * group.count) {
-    const int64_t row = first + group.index;
+  RowWalk<WARP_ROWS> walk(group);
+  BwdRow<T, VEC, VPT> next;
+  load_bwd_row<RMS>(p, walk.row, group, cols, next);
+  for (int64_t first = walk.row - group.index; first < p.rows; first += walk.step, walk.row += walk.step) {
+    const int64_t row = walk.row;
+    BwdRow<T, VEC, VPT> now = next;
+    load_bwd_row<RMS>(p, row + walk.step, group, cols, next);
     const bool valid = row < p.rows;
-    const A mean = (!RMS && valid) ? A(p.mean[row]) : A(0);
-    const A rstd = valid ? A(p.rstd[row]) : A(0);
+    Chunks<T, VEC, VPT> extra;  // the gradient reaching residual_out: needed only after the reduction
+    if (p.dresidual_out != nullptr) {
+      load_chunks(static_cast<const T*>(p.dresidual_out) + row * p.dresidual_out_row_stride, valid, group, cols,
+                  extra);
+    } else {
+      fill_chunks(A(0), extra);
+    }
     A xhat[VPT][VEC], g[VPT][VEC];
     A sum_g = 0, sum_gx = 0;
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
-      const int64_t col = (int64_t(k) * group.size + group.lane) * VEC;
-      if (valid && col < p.cols) {
-        load_grad_terms<T, W, VEC>(p, row, col, mean, rstd, xhat[k], g[k], dweight[k], dbias[k]);
-      } else {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) xhat[k][j] = g[k][j] = A(0);
-      }
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
+        const A dy = now.dy.get(k, j);
+        xhat[k][j] = (now.x.get(k, j) - now.mean) * now.rstd;
+        g[k][j] = dy * weight.get(k, j);
         sum_g += g[k][j];
         sum_gx += g[k][j] * xhat[k][j];
+        dweight[k][j] += dy * xhat[k][j];
+        if constexpr (!RMS) dbias[k][j] += dy;
       }
     }
     A mean_g, mean_gx;
     row_means<RMS>(group, sum_g, sum_gx, inv_cols, scratch, mean_g, mean_gx);
     if (!valid) continue;
+    T* dx_row = static_cast<T*>(p.dx) + row * p.cols;
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
-      const int64_t col = (int64_t(k) * group.size + group.lane) * VEC;
-      if (col < p.cols) store_dx<T, VEC>(p, row, col, xhat[k], g[k], rstd, mean_g, mean_gx);
+      const int col = (k * group.size + group.lane) * VEC;
+      if (col >= cols) continue;
+      AlignedVector<T, VEC> dx;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j)
+        dx.val[j] =
+            from_acc<T>(now.rstd * (g[k][j] - mean_g - xhat[k][j] * mean_gx) + extra.get(k, j));
+      store_vector<T, VEC>(dx_row + col, dx);
     }
   }
   if (p.weight_partial != nullptr) write_block_partial<WARP_ROWS, VEC, VPT>(p.weight_partial, p, group, dweight);
@@ -381,6 +568,109 @@ __device__ __forceinline__ void add_sums(A* sums, int64_t col, const A (&v)[VEC]
 #pragma unroll
   for (int j = 0; j < VEC; ++j) acc.val[j] += v[j];
   store_vector<A, VEC>(sums + col, acc);
+}
+
+// Backward for rows whose column sums do not fit in registers (VPT chunks per thread): the row is
+// still held in registers and prefetched as in norm_bwd_kernel, but the block's dweight / dbias
+// sums live in shared memory (weight sums, then bias sums, cols each), each thread adding to its
+// own columns only (no barriers), and the weight and the residual_out gradient are read where
+// they are used, leaving the registers to the two raw copies of the row.
+template <typename T, typename W, bool RMS, int VEC, int VPT, int MAX_THREADS>
+__global__ void __launch_bounds__(MAX_THREADS) norm_bwd_shared_sums_kernel(const NormBwdParams p) {
+  using A = acc_t<T>;
+  extern __shared__ __align__(16) unsigned char shared_sums[];
+  __shared__ A scratch[2][32];
+  const RowGroup<false> group;
+  const int cols = static_cast<int>(p.cols);
+  const A inv_cols = A(1) / A(cols);
+  A* weight_sums = nullptr;
+  A* bias_sums = nullptr;
+  {
+    A* next_sums = reinterpret_cast<A*>(shared_sums);
+    if (p.weight_partial != nullptr) {
+      weight_sums = next_sums;
+      next_sums += cols;
+    }
+    if (p.bias_partial != nullptr) bias_sums = next_sums;
+  }
+  // Chunk k of this thread starts at lane * VEC + offset[k]. The offsets are hidden from the
+  // compiler so that it cannot prove two chunks' sums apart: it then keeps each chunk's shared
+  // read-modify-write after the previous one instead of hoisting all reads (registers).
+  int offset[VPT];
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    offset[k] = k * group.size * VEC;
+    asm volatile("" : "+r"(offset[k]));
+  }
+  const int lane_col = group.lane * VEC;
+  Chunks<W, VEC, 1> ones;
+  fill_chunks(A(1), ones);
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int col = lane_col + offset[k];
+    if (col >= cols) continue;
+    if (weight_sums != nullptr) store_vector<A, VEC>(weight_sums + col, AlignedVector<A, VEC>{});
+    if (bias_sums != nullptr) store_vector<A, VEC>(bias_sums + col, AlignedVector<A, VEC>{});
+  }
+
+  RowWalk<false> walk(group);
+  BwdRow<T, VEC, VPT> next;
+  load_bwd_row<RMS>(p, walk.row, group, cols, next);
+  for (; walk.row < p.rows; walk.row += walk.step) {  // block rows: the row is block-uniform
+    const int64_t row = walk.row;
+    BwdRow<T, VEC, VPT> now = next;
+    load_bwd_row<RMS>(p, row + walk.step, group, cols, next);
+    A sum_g = 0, sum_gx = 0;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int col = (k * group.size + group.lane) * VEC;
+      const auto w = col < cols ? column_chunk<W, VEC>(p.weight, col, ones) : Chunks<W, VEC, 1>{};
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const A xhat = (now.x.get(k, j) - now.mean) * now.rstd;
+        const A g = now.dy.get(k, j) * w.get(0, j);
+        sum_g += g;
+        sum_gx += g * xhat;
+      }
+    }
+    A mean_g, mean_gx;
+    row_means<RMS>(group, sum_g, sum_gx, inv_cols, scratch, mean_g, mean_gx);
+    forget_values(now.x);
+    forget_values(now.dy);
+    T* dx_row = static_cast<T*>(p.dx) + row * p.cols;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int col = lane_col + offset[k];
+      if (col >= cols) continue;
+      // Raw (stored-type) weight and residual_out gradient: half the registers of converted ones.
+      const auto w = column_chunk<W, VEC>(p.weight, col, ones);
+      Chunks<T, VEC, 1> extra{};
+      if (p.dresidual_out != nullptr)
+        extra.v[0] = extra.load(static_cast<const T*>(p.dresidual_out) + row * p.dresidual_out_row_stride + col);
+      A dweight[VEC], dbias[VEC];
+      AlignedVector<T, VEC> dx;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const A dy = now.dy.get(k, j);
+        const A xhat = (now.x.get(k, j) - now.mean) * now.rstd;
+        dx.val[j] = from_acc<T>(now.rstd * (dy * w.get(0, j) - mean_g - xhat * mean_gx) + extra.get(0, j));
+        dweight[j] = dy * xhat;
+        dbias[j] = dy;
+      }
+      store_vector<T, VEC>(dx_row + col, dx);
+      add_sums<A, VEC>(weight_sums, col, dweight);
+      add_sums<A, VEC>(bias_sums, col, dbias);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int col = lane_col + offset[k];
+    if (col >= cols) continue;
+    if (weight_sums != nullptr)
+      store_vector<A, VEC>(partial_at<A, VEC>(p.weight_partial, p, col), load_vector<A, VEC>(weight_sums + col));
+    if (bias_sums != nullptr)
+      store_vector<A, VEC>(partial_at<A, VEC>(p.bias_partial, p, col), load_vector<A, VEC>(bias_sums + col));
+  }
 }
 
 // Backward for rows too long for registers: one block per row; the row is read for the two
@@ -444,23 +734,30 @@ __global__ void __launch_bounds__(kMaxThreads) norm_bwd_streaming_kernel(const N
   }
 }
 
-// out[c] = sum over b of partial[b, c], b in increasing order per thread, then a fixed tree:
-// bitwise reproducible. Block (32, 32) owns 32 columns: thread (tx, ty) sums rows ty, ty + 32, ...
+// Column sums of a segment of rows: out[segment * out_step + c] = sum over the rows b in
+// [segment * segment_rows, min(rows, (segment + 1) * segment_rows)) of input[b * row_stride + c],
+// segment = blockIdx.y; b in increasing order per thread, then a fixed tree: bitwise
+// reproducible. Block (32, 32) owns 32 columns: thread (tx, ty) sums rows first + ty, + 32, ...
 // of column tx (coalesced), then warp ty adds the 32 values of column ty read down the tile,
-// whose row padding puts them in distinct banks.
-template <typename A, typename W>
-__global__ void __launch_bounds__(kMaxThreads) column_sum_kernel(const A* partial, int64_t blocks, int64_t cols,
-                                                                 W* out) {
+// whose row padding puts them in distinct banks. out may be the input itself when each segment
+// writes into its own first row (read by this block only, before the barrier).
+template <typename In, typename Out>
+__global__ void __launch_bounds__(kMaxThreads) column_sum_kernel(const In* input, int64_t rows, int64_t row_stride,
+                                                                 int64_t segment_rows, int64_t cols, Out* out,
+                                                                 int64_t out_step) {
+  using A = acc_t<In>;
   __shared__ A tile[32][33];
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t col0 = int64_t(blockIdx.x) * 32;
+  const int64_t first = int64_t(blockIdx.y) * segment_rows;
+  const int64_t end = rows < first + segment_rows ? rows : first + segment_rows;
   A sum = 0;
   if (col0 + tx < cols)
-    for (int64_t b = ty; b < blocks; b += 32) sum += partial[b * cols + col0 + tx];
+    for (int64_t b = first + ty; b < end; b += 32) sum += to_acc(input[b * row_stride + col0 + tx]);
   tile[ty][tx] = sum;
   __syncthreads();
   const A column_total = warp_reduce(tile[tx][ty], SumOp{});
-  if (tx == 0 && col0 + ty < cols) out[col0 + ty] = from_acc<W>(column_total);
+  if (tx == 0 && col0 + ty < cols) out[int64_t(blockIdx.y) * out_step + col0 + ty] = from_acc<Out>(column_total);
 }
 
 // ---- launch ------------------------------------------------------------------------------------
@@ -481,25 +778,67 @@ bool rows_aligned(const void* ptr, int64_t row_stride, int vec, int elem_bytes) 
   return ptr == nullptr || (is_aligned(ptr, vec * elem_bytes) && row_stride % vec == 0);
 }
 
-template <typename T, typename W, bool RMS, int VEC>
+// The device's SM count and per-block shared-memory limit (1 SM, no opt-in on failure).
+struct DeviceLimits {
+  int sms = 1;
+  int max_shared = 0;
+};
+
+DeviceLimits device_limits() {
+  DeviceLimits d;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&d.max_shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+    d = DeviceLimits{};
+  }
+  return d;
+}
+
+// Persistent grid: as many blocks as fit on the device at once, at most `needed`.
+template <typename Kernel>
+int64_t persistent_blocks(Kernel kernel, int threads, int shared_bytes, int sms, int64_t needed) {
+  int per_sm = 1;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, shared_bytes) != cudaSuccess) per_sm = 1;
+  return std::max<int64_t>(1, std::min<int64_t>(needed, int64_t(sms) * std::max(per_sm, 1)));
+}
+
+// Register rows: a warp per row (4 rows per block) up to 64 chunks, else a block of at most 512
+// threads per row with 2, 4 or 8 chunks per thread; longer rows stream. 512-thread launch bounds
+// leave up to 128 registers for the two raw copies of the row (the add_* variants with 8 chunks
+// per thread, which also hold the residual, would spill: they load each row when it starts).
+template <typename T, typename W, bool RMS, bool ADD, int VEC>
 cudaError_t launch_fwd_with(const NormFwdParams& p, cudaStream_t stream) {
+  constexpr int kBlockRowsThreads = 512;
   FwdKernel kernel;
   int threads, groups = 1;
-  if (p.cols <= 32 * VEC) {
-    kernel = norm_fwd_kernel<T, W, RMS, true, VEC, 1>;
+  bool persistent = true;
+  const int64_t chunks = (p.cols + VEC - 1) / VEC;
+  if (chunks <= 32) {
+    kernel = norm_fwd_kernel<T, W, RMS, ADD, true, VEC, 1, true, kWarpRowsThreads>;
     threads = kWarpRowsThreads, groups = kWarpRowsGroups;
-  } else if (p.cols <= 128 * VEC) {
-    kernel = norm_fwd_kernel<T, W, RMS, true, VEC, 4>;
+  } else if (chunks <= 64) {
+    kernel = norm_fwd_kernel<T, W, RMS, ADD, true, VEC, 2, true, kWarpRowsThreads>;
     threads = kWarpRowsThreads, groups = kWarpRowsGroups;
-  } else if (p.cols <= int64_t(kMaxThreads) * 4 * VEC) {
-    kernel = norm_fwd_kernel<T, W, RMS, false, VEC, 4>;
-    threads = threads_for((p.cols + 4 * VEC - 1) / (4 * VEC));
+  } else if (chunks <= kBlockRowsThreads * 2) {
+    kernel = norm_fwd_kernel<T, W, RMS, ADD, false, VEC, 2, true, kBlockRowsThreads>;
+    threads = threads_for((chunks + 1) / 2);
+  } else if (chunks <= kBlockRowsThreads * 4) {
+    kernel = norm_fwd_kernel<T, W, RMS, ADD, false, VEC, 4, true, kBlockRowsThreads>;
+    threads = threads_for((chunks + 3) / 4);
+  } else if (chunks <= kBlockRowsThreads * 8) {
+    kernel = norm_fwd_kernel<T, W, RMS, ADD, false, VEC, 8, !ADD, kBlockRowsThreads>;
+    threads = threads_for((chunks + 7) / 8);
+    persistent = !ADD;  // without the prefetch, a data-sized grid
   } else {
     kernel = norm_fwd_streaming_kernel<T, W, RMS, VEC>;
     threads = kMaxThreads;
+    persistent = false;
   }
   // Rows past the grid are taken by the kernels' grid-stride loops.
-  const int64_t blocks = std::min<int64_t>((p.rows + groups - 1) / groups, int64_t(1) << 30);
+  const int64_t row_groups = std::min<int64_t>((p.rows + groups - 1) / groups, int64_t(1) << 30);
+  const int64_t blocks =
+      persistent ? persistent_blocks(kernel, threads, 0, device_limits().sms, row_groups) : row_groups;
   kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(p);
   return cudaGetLastError();
 }
@@ -513,7 +852,11 @@ cudaError_t launch_fwd(const NormFwdParams& p, cudaStream_t stream) {
                           rows_aligned(p.residual, p.residual_row_stride, kVec, kBytes) &&
                           rows_aligned(p.residual_out, p.cols, kVec, kBytes) && rows_aligned(p.out, p.cols, kVec, kBytes) &&
                           column_aligned<W>(p.weight, kVec) && column_aligned<W>(p.bias, kVec);
-  return vectorized ? launch_fwd_with<T, W, RMS, kVec>(p, stream) : launch_fwd_with<T, W, RMS, 1>(p, stream);
+  if (p.residual != nullptr) {
+    return vectorized ? launch_fwd_with<T, W, RMS, true, kVec>(p, stream)
+                      : launch_fwd_with<T, W, RMS, true, 1>(p, stream);
+  }
+  return vectorized ? launch_fwd_with<T, W, RMS, false, kVec>(p, stream) : launch_fwd_with<T, W, RMS, false, 1>(p, stream);
 }
 
 struct BwdPlan {
@@ -521,47 +864,56 @@ struct BwdPlan {
   int threads;
   int64_t blocks;
   int shared_bytes;
+  bool bias_from_dy;  // dbias summed over dy's columns after the kernel, not by it
 };
 
-// Persistent grid: as many blocks as fit on the device at once, at most one per row group.
+// Register rows: a warp per row (4 rows per block) up to 32 chunks, else a block per row with one
+// chunk per thread (column sums in registers) up to 1024 chunks, then 4 chunks per thread of at
+// most 512 threads (128 registers: two raw copies of the row) with the column sums in shared
+// memory up to 2048 chunks when the sums fit; longer rows stream.
+// Persistent grid, at most one block per row group.
 template <typename T, typename W, bool RMS, int VEC>
 BwdPlan plan_bwd_with(const NormBwdParams& p) {
   using A = acc_t<T>;
-  int device = 0, sms = 1, per_sm = 1, max_shared = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&max_shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
-    sms = 1, max_shared = 0;
-  }
+  const DeviceLimits device = device_limits();
   BwdPlan plan;
   plan.shared_bytes = 0;
+  plan.bias_from_dy = false;
   int groups = 1;
   if (p.cols <= 32 * VEC) {
-    plan.kernel = norm_bwd_kernel<T, W, RMS, true, VEC, 1>;
+    plan.kernel = norm_bwd_kernel<T, W, RMS, true, VEC, 1, kWarpRowsThreads>;
     plan.threads = kWarpRowsThreads, groups = kWarpRowsGroups;
   } else if (p.cols <= int64_t(kMaxThreads) * VEC) {
-    plan.kernel = norm_bwd_kernel<T, W, RMS, false, VEC, 1>;
+    plan.kernel = norm_bwd_kernel<T, W, RMS, false, VEC, 1, kMaxThreads>;
     plan.threads = threads_for((p.cols + VEC - 1) / VEC);
   } else {
-    plan.threads = threads_for((p.cols + 2 * VEC - 1) / (2 * VEC));
-    const int64_t sums_bytes = ((p.dweight != nullptr) + (p.dbias != nullptr)) * p.cols * int64_t(sizeof(A));
-    const int64_t static_bytes = 32 * sizeof(A);
+    constexpr int kSharedSumsThreads = 512, kSharedSumsChunks = 4;
+    const int64_t chunks = (p.cols + VEC - 1) / VEC;
+    const int64_t static_bytes = 2 * 32 * sizeof(A);
+    int64_t sums_bytes = ((p.dweight != nullptr) + (p.dbias != nullptr)) * p.cols * int64_t(sizeof(A));
+    if (sums_bytes + static_bytes > device.max_shared && p.dweight != nullptr && p.dbias != nullptr) {
+      // Both column sums do not fit in shared memory, the weight's alone do: dbias (the column
+      // sums of dy) is taken from dy after the kernel, rather than both sums going through the
+      // partial rows in global memory for every row.
+      sums_bytes /= 2;
+      plan.bias_from_dy = true;
+    }
+    const bool sums_fit = sums_bytes + static_bytes <= device.max_shared;
+    const bool register_rows = chunks <= kSharedSumsThreads * kSharedSumsChunks;
+    const BwdKernel shared_kernel =
+        register_rows ? norm_bwd_shared_sums_kernel<T, W, RMS, VEC, kSharedSumsChunks, kSharedSumsThreads>
+                      : norm_bwd_streaming_kernel<T, W, RMS, VEC, true>;
     plan.kernel = norm_bwd_streaming_kernel<T, W, RMS, VEC, false>;
-    if (sums_bytes > 0 && sums_bytes + static_bytes <= max_shared) {
-      const BwdKernel shared_kernel = norm_bwd_streaming_kernel<T, W, RMS, VEC, true>;
-      if (cudaFuncSetAttribute(shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(sums_bytes)) == cudaSuccess) {
-        plan.kernel = shared_kernel;
-        plan.shared_bytes = static_cast<int>(sums_bytes);
-      }
+    plan.threads = threads_for((chunks + 1) / 2);
+    if (sums_fit && (sums_bytes == 0 || cudaFuncSetAttribute(shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                             static_cast<int>(sums_bytes)) == cudaSuccess)) {
+      plan.kernel = shared_kernel;
+      plan.shared_bytes = static_cast<int>(sums_bytes);
+      if (register_rows) plan.threads = threads_for((chunks + kSharedSumsChunks - 1) / kSharedSumsChunks);
     }
   }
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, plan.kernel, plan.threads, plan.shared_bytes) !=
-      cudaSuccess) {
-    per_sm = 1;
-  }
-  plan.blocks = std::max<int64_t>(1, std::min<int64_t>((p.rows + groups - 1) / groups,
-                                                       int64_t(sms) * std::max(per_sm, 1)));
+  plan.blocks = persistent_blocks(plan.kernel, plan.threads, plan.shared_bytes, device.sms,
+                                  (p.rows + groups - 1) / groups);
   return plan;
 }
 
@@ -576,6 +928,30 @@ BwdPlan plan_bwd(const NormBwdParams& p) {
   return vectorized ? plan_bwd_with<T, W, RMS, kVec>(p) : plan_bwd_with<T, W, RMS, 1>(p);
 }
 
+// out = the column sums of input [rows, cols] (row stride in elements), in a fixed order. Past
+// two segments of segment_rows rows (short rows run many small blocks), the segments are summed
+// first, so that no thread walks hundreds of rows in sequence, into row s * scratch_step of
+// scratch for segment s (scratch may be the input itself with scratch_step = segment_rows: each
+// segment then writes its own first row), then the segment totals.
+template <typename In, typename A, typename W>
+cudaError_t column_sums(const In* input, int64_t rows, int64_t row_stride, int64_t cols, int64_t segment_rows,
+                        A* scratch, int64_t scratch_step, W* out, cudaStream_t stream) {
+  const unsigned column_blocks = static_cast<unsigned>((cols + 31) / 32);
+  const dim3 block(32, 32);
+  if (rows <= 2 * segment_rows) {
+    column_sum_kernel<In, W><<<column_blocks, block, 0, stream>>>(input, rows, row_stride, rows, cols, out, 0);
+    return cudaGetLastError();
+  }
+  const int64_t segments = (rows + segment_rows - 1) / segment_rows;
+  column_sum_kernel<In, A><<<dim3(column_blocks, static_cast<unsigned>(segments)), block, 0, stream>>>(
+      input, rows, row_stride, segment_rows, cols, scratch, scratch_step * cols);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  column_sum_kernel<A, W><<<column_blocks, block, 0, stream>>>(scratch, segments, scratch_step * cols, segments, cols,
+                                                               out, 0);
+  return cudaGetLastError();
+}
+
 template <typename T, typename W, bool RMS>
 cudaError_t launch_bwd(const NormBwdParams& p, cudaStream_t stream) {
   using A = acc_t<T>;
@@ -587,19 +963,26 @@ cudaError_t launch_bwd(const NormBwdParams& p, cudaStream_t stream) {
     }
     return p.dbias != nullptr ? cudaMemsetAsync(p.dbias, 0, p.cols * sizeof(W), stream) : cudaSuccess;
   }
+  constexpr int64_t kSegmentRows = 256;
   const BwdPlan plan = plan_bwd<T, W, RMS>(p);
-  plan.kernel<<<static_cast<unsigned>(plan.blocks), plan.threads, plan.shared_bytes, stream>>>(p);
+  NormBwdParams kernel_params = p;
+  if (plan.bias_from_dy) kernel_params.bias_partial = nullptr;
+  plan.kernel<<<static_cast<unsigned>(plan.blocks), plan.threads, plan.shared_bytes, stream>>>(kernel_params);
   cudaError_t err = cudaGetLastError();
-  const unsigned column_blocks = static_cast<unsigned>((p.cols + 31) / 32);
+  A* weight_partial = static_cast<A*>(p.weight_partial);
+  A* bias_partial = static_cast<A*>(p.bias_partial);
   if (err == cudaSuccess && p.dweight != nullptr) {
-    column_sum_kernel<A, W><<<column_blocks, dim3(32, 32), 0, stream>>>(
-        static_cast<const A*>(p.weight_partial), plan.blocks, p.cols, static_cast<W*>(p.dweight));
-    err = cudaGetLastError();
+    err = column_sums(weight_partial, plan.blocks, p.cols, p.cols, kSegmentRows, weight_partial, kSegmentRows,
+                      static_cast<W*>(p.dweight), stream);
   }
-  if (err == cudaSuccess && p.dbias != nullptr) {
-    column_sum_kernel<A, W><<<column_blocks, dim3(32, 32), 0, stream>>>(
-        static_cast<const A*>(p.bias_partial), plan.blocks, p.cols, static_cast<W*>(p.dbias));
-    err = cudaGetLastError();
+  if (err == cudaSuccess && p.dbias != nullptr && plan.bias_from_dy) {
+    // Segments of dy rows, at most one per partial row (the segment totals' scratch).
+    const int64_t segment_rows = std::max(kSegmentRows, (p.rows + plan.blocks - 1) / plan.blocks);
+    err = column_sums(static_cast<const T*>(p.dy), p.rows, p.dy_row_stride, p.cols, segment_rows, bias_partial, 1,
+                      static_cast<W*>(p.dbias), stream);
+  } else if (err == cudaSuccess && p.dbias != nullptr) {
+    err = column_sums(bias_partial, plan.blocks, p.cols, p.cols, kSegmentRows, bias_partial, kSegmentRows,
+                      static_cast<W*>(p.dbias), stream);
   }
   return err;
 }

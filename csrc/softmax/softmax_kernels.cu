@@ -46,9 +46,13 @@ namespace {
 namespace cg = cooperative_groups;
 
 constexpr int kSmallGroupBlock = 128;  // block size when a row takes at most one warp
-// Elements of a row one thread keeps in registers (per tensor). 32 for 16-bit rows halves the
-// blocks per row but takes ~75 registers (one 512-thread block per SM instead of two): no gain.
+// Elements of a row one thread keeps in registers (per tensor).
 constexpr int kRegisterElems = 16;
+// The plain forward keeps 32 of a 16-bit row (four 16-byte loads in flight a thread, occupancy
+// left to ptxas): on the H200 (session 3) bf16 rows went from 84/84/82/80% of copy at N = 1024,
+// 2048, 4096, 8192 with 16 to 99/93/92/91%. fp32 rows lose 5-15 points with 32, and the backward
+// (two tensors) is at copy speed with 16.
+template <typename T> constexpr int kForwardRegisterElems = sizeof(T) == 2 ? 2 * kRegisterElems : kRegisterElems;
 // Registers of raw row data (current + prefetched row) above which a kernel would exceed 64
 // registers a thread (two 512-thread blocks per SM): such kernels load each row when they reach
 // it and hide latency with the second block instead.
@@ -477,32 +481,30 @@ template <typename T, bool MASKED> struct BackwardRow {
 // ---- register rows ---------------------------------------------------------------------------
 
 // Whether a persistent register-row kernel prefetches the next row: unmasked rows do when the two
-// copies of the raw row data fit in kMaxPrefetchRegisters (not fp32 backward), except the
-// backward in 1024-thread blocks (64 registers a thread would spill). Masked rows need registers
-// for the mask and the dropout generator; they rely on occupancy to hide latency instead.
+// copies of the raw row data fit in kMaxPrefetchRegisters (not fp32 backward), except in
+// 1024-thread blocks (64 registers a thread) the backward and the forward of more than
+// kRegisterElems a thread, which would spill. Masked rows need registers for the mask and the
+// dropout generator; they rely on occupancy to hide latency instead.
 template <typename T, int G, int ITEMS, int VEC, int TENSORS, bool MASKED>
 constexpr bool register_prefetch() {
   return !MASKED && 2 * TENSORS * ITEMS * VEC * int(sizeof(T)) / 4 <= kMaxPrefetchRegisters &&
-         (TENSORS == 1 || block_threads(G) < 1024);
+         (block_threads(G) < 1024 || (TENSORS == 1 && ITEMS * VEC <= kRegisterElems));
 }
 
-// Forward rows without register prefetch hide latency with occupancy. Plain rows of one group
-// per block ask for a full SM (2048 threads, 32 registers: ptxas still issues every load of a
-// row before its arithmetic, without spilling; left alone it takes 40 at some sizes, 3/4 of
-// the SM). Masked rows ask for at least kMaskedThreadsPerSM resident threads (85 registers a
-// thread; left alone they take up to 93), which they fit without spilling. The backward and
-// masked cluster rows would spill: they are left free. 0 leaves ptxas its default (an explicit
-// 1 changes its register choices).
-constexpr int kMaxThreadsPerSM = 2048;
+// Forward rows without register prefetch hide latency with occupancy. Masked rows ask for at
+// least kMaskedThreadsPerSM resident threads (85 registers a thread; left alone they take up to
+// 93), which they fit without spilling. Plain rows are left to ptxas: a full SM (32 registers)
+// measured the same as its choice for 16 elements a thread and made 32 spill (H200, session 3).
+// The backward and masked cluster rows would spill: they are left free. 0 leaves ptxas its
+// default (an explicit 1 changes its register choices).
 constexpr int kMaskedThreadsPerSM = 768;
-__host__ __device__ constexpr int register_min_blocks(int group, bool masked, int cluster, bool persistent) {
+__host__ __device__ constexpr int register_min_blocks(int group, bool masked, int cluster) {
   const int threads = block_threads(group);
-  if (masked) return cluster == 1 && threads < kMaskedThreadsPerSM ? kMaskedThreadsPerSM / threads : 0;
-  return persistent || threads >= kMaxThreadsPerSM / 2 ? 0 : kMaxThreadsPerSM / threads;
+  return masked && cluster == 1 && threads < kMaskedThreadsPerSM ? kMaskedThreadsPerSM / threads : 0;
 }
 
 // The columns of a register row a thread owns: vector i starts at column(i). Register rows are
-// at most kMaxCluster * 1024 * kRegisterElems columns long, so 32 bits index them.
+// at most kMaxCluster * 1024 * kForwardRegisterElems columns long, so 32 bits index them.
 template <int G, int ITEMS, int VEC, int CLUSTER> struct RowSlice {
   int first;
   __device__ RowSlice() {
@@ -531,7 +533,7 @@ __device__ __forceinline__ void prefetch_row_l2(const Args& a, const T* tensor, 
 }
 
 template <typename T, int G, int ITEMS, int VEC, bool MASKED, int CLUSTER, bool PERSISTENT>
-__global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKED, CLUSTER, PERSISTENT))
+__global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKED, CLUSTER))
     register_forward_kernel(ForwardArgs<T> a) {
   using A = acc_t<T>;
   using Cursor = RowCursor<G, CLUSTER>;
@@ -1617,8 +1619,8 @@ cudaError_t launch_softmax_fwd(const SoftmaxParams& p, DType dtype, cudaStream_t
   return FUSEDOPS_DISPATCH_FLOAT_TYPES(dtype, T, [&] {
     const auto args = forward_args<T>(p.x, p.y, p.rows, p.cols, p.x_row_stride, p.scale, p.log);
     const bool aligned = rows_aligned(p.x, p.x_row_stride, sizeof(T)) && is_aligned(p.y, 16);
-    const Plan plan = make_plan<T>(p.cols, aligned, 1, kRegisterElems, false);
-    return dispatch_plan<T, kRegisterElems>(plan, ForwardLaunch<T, false>{args, plan, stream});
+    const Plan plan = make_plan<T>(p.cols, aligned, 1, kForwardRegisterElems<T>, false);
+    return dispatch_plan<T, kForwardRegisterElems<T>>(plan, ForwardLaunch<T, false>{args, plan, stream});
   });
 }
 
