@@ -1048,21 +1048,86 @@ __device__ __forceinline__ V staged_block_reduce(V value, Op op, V (&scratch)[2]
   return warp_all_reduce<kWarps>(scratch[parity][lane % kWarps], op);
 }
 
-// The cluster's reduction of the blocks' values (cluster_reduce with a runtime cluster size).
-template <typename V, class Op>
-__device__ __forceinline__ V staged_cluster_reduce(V value, Op op, V identity, V* slot, int cluster) {
+// Sends v to another block's shared memory (a shared::cluster address from mapa), completing its
+// bytes on that block's mbarrier `bar` (sm_90 st.async: no fence, no barrier).
+__device__ __forceinline__ void send_async(uint32_t addr, uint32_t bar, float v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (cluster > 1) {
-    cg::cluster_group group = cg::this_cluster();
-    if (threadIdx.x == 0) *slot = value;
-    group.sync();
-    // Every group of kStagedMaxCluster lanes reduces all the blocks' values, in the same order.
-    const int rank = threadIdx.x % kStagedMaxCluster;
-    value = warp_all_reduce<kStagedMaxCluster>(rank < cluster ? *group.map_shared_rank(slot, rank) : identity, op);
-  }
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];" ::"r"(addr), "f"(v), "r"(bar)
+               : "memory");
 #endif
-  return value;
 }
+__device__ __forceinline__ void send_async(uint32_t addr, uint32_t bar, MaxSum<float> v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];" ::"r"(addr),
+               "f"(v.max), "f"(v.sum), "r"(bar)
+               : "memory");
+#endif
+}
+
+__device__ __forceinline__ uint32_t cluster_address(uint32_t local, int rank) {
+  uint32_t remote = local;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+#endif
+  return remote;
+}
+
+// The cluster's reduction of one value per block and row, without a cluster barrier: a cluster
+// barrier's release would also wait for every global store its threads issued before it (the
+// previous row's output), once per row. Instead block r sends its value to slot r of every
+// other block's inbox with st.async, which completes on the receiver's mbarrier; each block
+// waits on its own mbarrier and reduces its inbox, the same values in the same order in every
+// block. Rows alternate between two inboxes and mbarriers (parity): block B writes inbox p of
+// row k + 2 only after it has A's value of row k + 1, which A sends only once every one of its
+// threads is past row k's reads (the block barrier of row k + 1's reduction).
+template <typename V> struct ClusterExchange {
+  V (*inbox)[kStagedMaxCluster];  // [2][kStagedMaxCluster]
+  uint64_t* bars;                 // [2]
+  int cluster, rank;
+
+  // Before any block of the cluster sends: every block's mbarriers initialized.
+  __device__ void init() const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (cluster == 1) return;
+    if (threadIdx.x == 0) {
+      for (int p = 0; p < 2; ++p) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(&bars[p])));
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    cg::this_cluster().sync();
+#endif
+  }
+  // `value` is the same in every thread of the block; `phase` flips every second row.
+  template <class Op> __device__ V reduce(V value, Op op, V identity, int parity, uint32_t phase) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (cluster == 1) return value;
+    const uint32_t bar = shared_address(&bars[parity]);
+    if (threadIdx.x == 0) {
+      inbox[parity][rank] = value;  // released to the block's threads by the arrive below
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
+                   "r"(static_cast<uint32_t>((cluster - 1) * sizeof(V)))
+                   : "memory");
+    }
+    const int to = static_cast<int>(threadIdx.x);
+    if (to < cluster && to != rank) {
+      send_async(cluster_address(shared_address(&inbox[parity][rank]), to), cluster_address(bar, to), value);
+    }
+    uint32_t done = 0;
+    while (!done) {
+      asm volatile(
+          "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+          " selp.u32 %0, 1, 0, p;\n}"
+          : "=r"(done)
+          : "r"(bar), "r"(phase)
+          : "memory");
+    }
+    // Every group of kStagedMaxCluster lanes reduces all the blocks' values, in the same order.
+    const int from = threadIdx.x % kStagedMaxCluster;
+    return warp_all_reduce<kStagedMaxCluster>(from < cluster ? inbox[parity][from] : identity, op);
+#else
+    return value;
+#endif
+  }
+};
 
 template <typename T, int VECS>
 __global__ void __launch_bounds__(kStagedThreads, 1) staged_forward_kernel(ForwardArgs<T> a, StagedShape shape) {
@@ -1073,10 +1138,13 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_forward_kernel(Forwa
   extern __shared__ uint4 stage_storage[];
   __shared__ uint64_t full[kMaxStages];
   __shared__ MaxSum<A> scratch[2][kStagedThreads / 32];
-  __shared__ MaxSum<A> slots[2];
+  __shared__ alignas(2 * sizeof(A)) MaxSum<A> inbox[2][kStagedMaxCluster];  // st.async.v2: 8-byte aligned
+  __shared__ uint64_t exchange_bars[2];
   const StagedSlice<T, VECS> slice(a.cols, shape.cluster);
   const StageRing ring{reinterpret_cast<char*>(stage_storage), full, shape.stages, shape.tensor_bytes};
   ring.init();
+  const ClusterExchange<MaxSum<A>> exchange{inbox, exchange_bars, slice.cluster, slice.rank};
+  exchange.init();
   const uint32_t bytes = static_cast<uint32_t>(slice.len * sizeof(T));
   auto fill = [&](int stage, int64_t row) {  // thread 0
     ring.arm(stage, bytes);
@@ -1095,7 +1163,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_forward_kernel(Forwa
   auto rows = [&](auto log_tag) {
     constexpr bool kLog = decltype(log_tag)::value;
     int s = 0, parity = 0;
-    uint32_t phase = 0;
+    uint32_t phase = 0, exchange_phase = 0;
     for (int64_t row = slice.first; row < a.rows; row += slice.step) {
       ring.wait(s, phase);
       const T* chunk = reinterpret_cast<const T*>(ring.stage(s));
@@ -1125,7 +1193,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_forward_kernel(Forwa
       MaxSum<A> total = staged_block_reduce(MaxSum<A>{thread_max, sum}, MaxSumOp<T>{}, scratch, parity, [&] {
         if (threadIdx.x == 0 && row + ahead < a.rows) fill(s, row + ahead);
       });
-      total = staged_cluster_reduce(total, MaxSumOp<T>{}, identity, &slots[parity], slice.cluster);
+      total = exchange.reduce(total, MaxSumOp<T>{}, identity, parity, exchange_phase);
       // A row without a finite logit has sum 0: probabilities 0, log-probabilities -inf.
       const A row_max = total.max == neg_inf<A>() ? A(0) : total.max;
       const A inv_sum = total.sum == A(0) ? A(0) : A(1) / total.sum;
@@ -1144,6 +1212,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_forward_kernel(Forwa
         }
         store_vector<T, VEC>(out + slice.column(i), y);
       }
+      exchange_phase ^= parity;  // each inbox's mbarrier flips once every two rows
       parity ^= 1;
       if (++s == shape.stages) {
         s = 0;
@@ -1156,7 +1225,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_forward_kernel(Forwa
   } else {
     rows(std::false_type{});
   }
-  if (slice.cluster > 1) cg::this_cluster().sync();  // no block exits while its slots are read
+  if (slice.cluster > 1) cg::this_cluster().sync();  // no block exits while its sends are in flight
 #endif
 }
 
@@ -1169,11 +1238,14 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_backward_kernel(Back
   extern __shared__ uint4 stage_storage[];
   __shared__ uint64_t full[kMaxStages];
   __shared__ A scratch[2][kStagedThreads / 32];
-  __shared__ A slots[2];
+  __shared__ A inbox[2][kStagedMaxCluster];
+  __shared__ uint64_t exchange_bars[2];
   const StagedSlice<T, VECS> slice(a.cols, shape.cluster);
   // A stage holds the block's chunk of `a` (y), then its chunk of dy.
   const StageRing ring{reinterpret_cast<char*>(stage_storage), full, shape.stages, 2 * shape.tensor_bytes};
   ring.init();
+  const ClusterExchange<A> exchange{inbox, exchange_bars, slice.cluster, slice.rank};
+  exchange.init();
   const uint32_t bytes = static_cast<uint32_t>(slice.len * sizeof(T));
   auto fill = [&](int stage, int64_t row) {  // thread 0
     ring.arm(stage, 2 * bytes);
@@ -1189,7 +1261,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_backward_kernel(Back
   auto rows = [&](auto log_tag) {
     constexpr bool kLog = decltype(log_tag)::value;
     int s = 0, parity = 0;
-    uint32_t phase = 0;
+    uint32_t phase = 0, exchange_phase = 0;
     for (int64_t row = slice.first; row < a.rows; row += slice.step) {
       ring.wait(s, phase);
       const T* chunk_a = reinterpret_cast<const T*>(ring.stage(s));
@@ -1215,7 +1287,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_backward_kernel(Back
       sum = staged_block_reduce(sum, SumOp{}, scratch, parity, [&] {
         if (threadIdx.x == 0 && row + ahead < a.rows) fill(s, row + ahead);
       });
-      sum = staged_cluster_reduce(sum, SumOp{}, A(0), &slots[parity], slice.cluster);
+      sum = exchange.reduce(sum, SumOp{}, A(0), parity, exchange_phase);
 #pragma unroll
       for (int i = 0; i < VECS; ++i) {
         opaque(va[i]);
@@ -1233,6 +1305,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_backward_kernel(Back
         }
         store_vector<T, VEC>(dx + slice.column(i), out);
       }
+      exchange_phase ^= parity;  // each inbox's mbarrier flips once every two rows
       parity ^= 1;
       if (++s == shape.stages) {
         s = 0;
@@ -1245,7 +1318,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_backward_kernel(Back
   } else {
     rows(std::false_type{});
   }
-  if (slice.cluster > 1) cg::this_cluster().sync();  // no block exits while its slots are read
+  if (slice.cluster > 1) cg::this_cluster().sync();  // no block exits while its sends are in flight
 #endif
 }
 
