@@ -1180,13 +1180,29 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_forward_kernel(Forwa
 #pragma unroll
         for (int j = 0; j < VEC; ++j) thread_max = fmaxf(thread_max, logit(v[i].val[j]));
       }
-      const A shift = thread_max == neg_inf<A>() ? A(0) : thread_max;
+      const bool thread_empty = thread_max == neg_inf<A>();
+      const A shift = thread_empty ? A(0) : thread_max;
+      // 16-bit rows keep exp(logit - thread max) (log_softmax: logit - thread max) in fp32
+      // registers for the output, one multiply (subtraction) each there: half the exps, and the
+      // extra rounding vanishes under the 16-bit one. fp32 rows recompute from the raw values
+      // on output, rounding once.
+      constexpr bool kKeep = sizeof(T) == 2;
+      [[maybe_unused]] A kept[kKeep ? VECS : 1][VEC];
+      if constexpr (kKeep) {
+#pragma unroll
+        for (int i = 0; i < VECS; ++i) opaque(v[i]);  // the logits again rather than 64 live (spills)
+      }
       A sum = 0;
 #pragma unroll
       for (int i = 0; i < VECS; ++i) {
         if (slice.column(i) >= slice.len) continue;
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) sum += exp_acc<T>(logit(v[i].val[j]) - shift);
+        for (int j = 0; j < VEC; ++j) {
+          const A shifted = logit(v[i].val[j]) - shift;
+          const A e = exp_acc<T>(shifted);
+          sum += e;
+          if constexpr (kKeep) kept[i][j] = kLog ? shifted : e;
+        }
       }
       // fmaxf skips NaN, but a NaN logit makes the sum NaN: the max carries it on, so the row is NaN.
       if (sum != sum) thread_max = sum;
@@ -1198,8 +1214,14 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_forward_kernel(Forwa
       const A row_max = total.max == neg_inf<A>() ? A(0) : total.max;
       const A inv_sum = total.sum == A(0) ? A(0) : A(1) / total.sum;
       const A log_sum = kLog ? (total.sum == A(0) ? pos_inf<A>() : logf(total.sum)) : A(0);
+      // Kept values: exp(logit - shift) * factor = exp(logit - row max) / sum, and
+      // (logit - shift) - offset = logit - row max - log(sum).
+      [[maybe_unused]] const A factor = thread_empty ? A(0) : exp_acc<T>(shift - row_max) * inv_sum;
+      [[maybe_unused]] const A offset = (row_max - shift) + log_sum;
+      if constexpr (!kKeep) {
 #pragma unroll
-      for (int i = 0; i < VECS; ++i) opaque(v[i]);
+        for (int i = 0; i < VECS; ++i) opaque(v[i]);
+      }
       T* out = a.out + row * a.cols + slice.begin;
 #pragma unroll
       for (int i = 0; i < VECS; ++i) {
@@ -1207,8 +1229,14 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_forward_kernel(Forwa
         Vec y;
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const A shifted = logit(v[i].val[j]) - row_max;
-          y.val[j] = from_acc<T>(kLog ? shifted - log_sum : exp_acc<T>(shifted) * inv_sum);
+          A value;
+          if constexpr (kKeep) {
+            value = kLog ? kept[i][j] - offset : kept[i][j] * factor;
+          } else {
+            const A shifted = logit(v[i].val[j]) - row_max;
+            value = kLog ? shifted - log_sum : exp_acc<T>(shifted) * inv_sum;
+          }
+          y.val[j] = from_acc<T>(value);
         }
         store_vector<T, VEC>(out + slice.column(i), y);
       }
