@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "../common/dispatch.cuh"
+#include "../common/fast_divmod.cuh"
 #include "../common/philox.cuh"
 #include "../common/vec.cuh"
 #include "elementwise.h"
@@ -25,6 +26,7 @@ struct Operands {
   const T* col[NCOL > 0 ? NCOL : 1];
   int64_t numel;
   int64_t cols;
+  FastDivmod cols_divmod;  // set by the launcher; used where indices are 32-bit
 };
 
 // Loads, computes and stores the VEC elements starting at elem0 (elem0 % VEC == 0 when VEC > 1).
@@ -40,7 +42,12 @@ __device__ __forceinline__ void apply_op(const Operands<T, NIN, NOUT, NCOL>& ops
 #pragma unroll
     for (int j = 0; j < VEC; ++j) in[i][j] = to_acc(loaded[i].val[j]);
   if constexpr (NCOL > 0) {
-    const Idx col0 = elem0 % static_cast<Idx>(ops.cols);
+    Idx col0;
+    if constexpr (sizeof(Idx) == 4) {
+      col0 = ops.cols_divmod.mod(elem0);
+    } else {
+      col0 = elem0 % static_cast<Idx>(ops.cols);
+    }
 #pragma unroll
     for (int k = 0; k < NCOL; ++k) {
       if (ops.col[k] != nullptr) {
@@ -109,7 +116,7 @@ cudaError_t launch_with(const Operands<T, NIN, NOUT, NCOL>& ops, const Op& op, c
 // Picks 16-byte vectors when every pointer is aligned and no vector straddles a row of a
 // column vector that is present, else scalar accesses; 32-bit index arithmetic when it cannot overflow.
 template <typename T, int NIN, int NOUT, int NCOL, class Op>
-cudaError_t launch_elementwise(const Operands<T, NIN, NOUT, NCOL>& ops, const Op& op, cudaStream_t stream) {
+cudaError_t launch_elementwise(Operands<T, NIN, NOUT, NCOL> ops, const Op& op, cudaStream_t stream) {
   if (ops.numel == 0) return cudaSuccess;
   constexpr int kVec = kVec16<T>;
   bool vectorized = true;
@@ -120,6 +127,7 @@ cudaError_t launch_elementwise(const Operands<T, NIN, NOUT, NCOL>& ops, const Op
   }
   // Largest index formed: numel + kThreads * kUnroll * gridDim (the last stride step).
   const bool small = ops.numel < (int64_t(1) << 31);
+  if (small) ops.cols_divmod = FastDivmod(static_cast<uint32_t>(std::max<int64_t>(ops.cols, 1)));
   if (vectorized) {
     return small ? launch_with<T, kVec, uint32_t>(ops, op, stream) : launch_with<T, kVec, uint64_t>(ops, op, stream);
   }

@@ -53,6 +53,8 @@ constexpr int kRegisterElems = 16;
 // 2048, 4096, 8192 with 16 to 99/93/92/91%. fp32 rows lose 5-15 points with 32, and the backward
 // (two tensors) is at copy speed with 16.
 template <typename T> constexpr int kForwardRegisterElems = sizeof(T) == 2 ? 2 * kRegisterElems : kRegisterElems;
+// The masked forward keeps 16: its mask and dropout state take registers.
+constexpr int kMaskedForwardRegisterElems = kRegisterElems;
 // Registers of raw row data (current + prefetched row) above which a kernel would exceed 64
 // registers a thread (two 512-thread blocks per SM): such kernels load each row when they reach
 // it and hide latency with the second block instead.
@@ -1750,8 +1752,8 @@ cudaError_t launch_masked_softmax_fwd(const MaskedSoftmaxParams& p, DType dtype,
     args.keep_scale = static_cast<acc_t<T>>(1.0 / (1.0 - p.p));
     args.philox = p.philox;
     const bool aligned = rows_aligned(p.x, p.x_row_stride, sizeof(T)) && is_aligned(p.out, 16);
-    const Plan plan = make_plan<T>(p.cols, aligned, 1, kRegisterElems, true);
-    return dispatch_plan<T, kRegisterElems>(plan, ForwardLaunch<T, true>{args, plan, stream});
+    const Plan plan = make_plan<T>(p.cols, aligned, 1, kMaskedForwardRegisterElems, true);
+    return dispatch_plan<T, kMaskedForwardRegisterElems>(plan, ForwardLaunch<T, true>{args, plan, stream});
   });
 }
 
