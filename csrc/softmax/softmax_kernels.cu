@@ -621,10 +621,10 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
     // Sum of exp(logit - shift), with shift the row max or (one pass) the thread's max. Softmax
     // keeps those exps, except fp32 in one pass: it recomputes exp(logit - row max) on output,
     // which rounds once instead of twice. log_softmax (never one pass) keeps the logits, or for
-    // 16-bit rows logit - row max, so each output is one subtraction (bf16 log_softmax ran 7-8
-    // points of copy bandwidth below softmax on the H200; in fp32 it ran level, and keeping the
-    // shifted logits there spills under the 32-register cap).
-    constexpr bool kShiftedLogs = !kOnePass && !MASKED && sizeof(T) == 2;
+    // bf16 rows logit - row max, so each output is one subtraction (bf16 log_softmax ran 7-8
+    // points of copy bandwidth below softmax on the H200; fp32 ran level). ptxas gives the bf16
+    // kernels no more registers for it, but fp16 ones 7-11 more (48 -> 55-59): they keep the logits.
+    constexpr bool kShiftedLogs = !kOnePass && !MASKED && std::is_same<T, __nv_bfloat16>::value;
     const A shift_max = kOnePass ? thread_max : group_reduce<G>(thread_max, NanMaxOp{}, neg_inf<A>(), scratch);
     const bool shift_empty = shift_max == neg_inf<A>();
     const A shift = shift_empty ? A(0) : shift_max;
