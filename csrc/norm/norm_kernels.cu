@@ -26,12 +26,14 @@ namespace {
 // Sizes in 16-byte chunks (8 bf16 elements). "Persistent" grids hold as many blocks as fit and
 // load each row group's next row while working on the current one (two raw copies of a row per
 // thread); "data-sized" grids run one row group per block, each row loaded when it starts (half
-// the registers: more threads resident, no loop).
+// the registers: more threads resident, no loop). The values are the best of six knob sets timed
+// side by side on the H200 (bench/lessons/2026-11-29-session3-notes.md): data-sized grids with 4
+// chunks a thread for every forward row up to 16384 bf16, the register-sums backward up to 8192.
 // Forward warp rows (<= 64 chunks): persistent (two rows in flight a warp) vs data-sized grid.
-constexpr bool kFwdWarpRowsPersistent = true;
+constexpr bool kFwdWarpRowsPersistent = false;
 // Forward block rows up to this many chunks run on a data-sized grid, longer ones on a persistent
 // grid (0: all persistent).
-constexpr int kFwdDataGridMaxChunks = 1024;
+constexpr int kFwdDataGridMaxChunks = 2048;
 // Forward block rows, chunks per thread (2, 4 or 8; doubled up to 8 while the row needs more than
 // 512 threads) on each grid: more bytes in flight a thread vs more threads a row.
 constexpr int kFwdDataGridChunks = 4;
@@ -39,7 +41,7 @@ constexpr int kFwdPersistentChunks = 2;
 // Backward block rows up to this many chunks (LayerNorm / RMSNorm; at most 1024) run one chunk a
 // thread with the column sums in registers (no shared-memory traffic); longer ones the shared-sums
 // kernel (several chunks a thread, column sums in shared memory: more bytes in flight per SM).
-constexpr int kLnBwdRegisterSumsMaxChunks = 128;
+constexpr int kLnBwdRegisterSumsMaxChunks = 1024;
 constexpr int kRmsBwdRegisterSumsMaxChunks = 1024;
 // Shared-sums backward, chunks per thread (2 or 4; 2 doubles to 4 past 1024 chunks): fewer
 // registers a thread (more threads) vs more bytes in flight a thread.
