@@ -22,9 +22,40 @@
 namespace fusedops {
 namespace {
 
+// ---- tuning knobs (one per line so that a benchmark can flip them with sed) ----------------------
+// Sizes in 16-byte chunks (8 bf16 elements). "Persistent" grids hold as many blocks as fit and
+// load each row group's next row while working on the current one (two raw copies of a row per
+// thread); "data-sized" grids run one row group per block, each row loaded when it starts (half
+// the registers: more threads resident, no loop). The values are the best of six knob sets timed
+// side by side on the H200 (bench/lessons/2026-11-29-session3-notes.md): data-sized grids with 4
+// chunks a thread for every forward row up to 16384 bf16, the register-sums backward up to 8192.
+// Forward warp rows (<= 64 chunks): persistent (two rows in flight a warp) vs data-sized grid.
+constexpr bool kFwdWarpRowsPersistent = false;
+// Forward block rows up to this many chunks run on a data-sized grid, longer ones on a persistent
+// grid (0: all persistent).
+constexpr int kFwdDataGridMaxChunks = 2048;
+// Forward block rows, chunks per thread (2, 4 or 8; doubled up to 8 while the row needs more than
+// 512 threads) on each grid: more bytes in flight a thread vs more threads a row.
+constexpr int kFwdDataGridChunks = 4;
+constexpr int kFwdPersistentChunks = 2;
+// Backward block rows up to this many chunks (LayerNorm / RMSNorm; at most 1024) run one chunk a
+// thread with the column sums in registers (no shared-memory traffic); longer ones the shared-sums
+// kernel (several chunks a thread, column sums in shared memory: more bytes in flight per SM).
+constexpr int kLnBwdRegisterSumsMaxChunks = 1024;
+constexpr int kRmsBwdRegisterSumsMaxChunks = 1024;
+// Shared-sums backward, chunks per thread (2 or 4; 2 doubles to 4 past 1024 chunks): fewer
+// registers a thread (more threads) vs more bytes in flight a thread.
+constexpr int kBwdSharedSumsChunks = 4;
+
+static_assert(kFwdDataGridChunks == 2 || kFwdDataGridChunks == 4 || kFwdDataGridChunks == 8);
+static_assert(kFwdPersistentChunks == 2 || kFwdPersistentChunks == 4 || kFwdPersistentChunks == 8);
+static_assert(kLnBwdRegisterSumsMaxChunks <= 1024 && kRmsBwdRegisterSumsMaxChunks <= 1024);
+static_assert(kBwdSharedSumsChunks == 2 || kBwdSharedSumsChunks == 4);
+
 constexpr int kMaxThreads = 1024;
 constexpr int kWarpRowsThreads = 128;  // one warp per row: 4 rows per block
 constexpr int kWarpRowsGroups = kWarpRowsThreads / 32;
+constexpr int kBlockRowsThreads = 512;  // register-row blocks: up to 128 registers a thread
 
 template <typename T> struct Tag { using type = T; };
 
@@ -316,10 +347,11 @@ __device__ __forceinline__ void load_fwd_row(const NormFwdParams& p, int64_t row
     load_chunks(static_cast<const T*>(p.residual) + row * p.residual_row_stride, valid, group, cols, residual);
 }
 
-// Forward, row held in registers (raw); blocks stride over rows (a persistent grid). With
-// PREFETCH the group's next row is loaded before the current one is reduced (two raw copies of a
-// row per thread); without it each row is loaded when it starts. Weight and bias are read at the
-// write, per row (they stay in L1). MAX_THREADS: the launch bound (registers per thread).
+// Forward, row held in registers (raw); blocks stride over rows. With PREFETCH (a persistent
+// grid) the group's next row is loaded before the current one is reduced (two raw copies of a row
+// per thread); without it (a data-sized grid) each row is loaded when it starts. Weight and bias
+// are read at the write, per row (they stay in L1). MAX_THREADS: the launch bound (registers per
+// thread), without a minimum of blocks: ptxas picks the occupancy.
 template <typename T, typename W, bool RMS, bool ADD, bool WARP_ROWS, int VEC, int VPT, bool PREFETCH,
           int MAX_THREADS>
 __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdParams p) {
@@ -803,43 +835,53 @@ int64_t persistent_blocks(Kernel kernel, int threads, int shared_bytes, int sms,
   return std::max<int64_t>(1, std::min<int64_t>(needed, int64_t(sms) * std::max(per_sm, 1)));
 }
 
-// Register rows: a warp per row (4 rows per block) up to 64 chunks, else a block of at most 512
-// threads per row with 2, 4 or 8 chunks per thread; longer rows stream. 512-thread launch bounds
-// leave up to 128 registers for the two raw copies of the row (the add_* variants with 8 chunks
-// per thread, which also hold the residual, would spill: they load each row when it starts).
+struct FwdLaunch {
+  FwdKernel kernel;
+  int threads;
+  int groups;       // row groups per block
+  bool persistent;  // else one block per row group
+};
+
+// Block rows from VPT chunks per thread, doubled (up to 8) while the row needs more than
+// kBlockRowsThreads threads, or up to MAX_CHUNKS chunks (the longest row this chain is used
+// for); longer rows stream. PERSISTENT grids prefetch, except for the add_* variants at 8 chunks
+// per thread, which would spill (they also hold the residual) and run on a data-sized grid.
+template <typename T, typename W, bool RMS, bool ADD, int VEC, int VPT, bool PERSISTENT, int64_t MAX_CHUNKS>
+FwdLaunch block_rows_launch(int64_t chunks) {
+  if constexpr (VPT < 8 && int64_t(kBlockRowsThreads) * VPT < MAX_CHUNKS) {
+    if (chunks > int64_t(kBlockRowsThreads) * VPT)
+      return block_rows_launch<T, W, RMS, ADD, VEC, 2 * VPT, PERSISTENT, MAX_CHUNKS>(chunks);
+  }
+  if (chunks > int64_t(kBlockRowsThreads) * VPT) return {norm_fwd_streaming_kernel<T, W, RMS, VEC>, kMaxThreads, 1, false};
+  constexpr bool kPrefetch = PERSISTENT && !(ADD && VPT == 8);
+  return {norm_fwd_kernel<T, W, RMS, ADD, false, VEC, VPT, kPrefetch, kBlockRowsThreads>,
+          threads_for((chunks + VPT - 1) / VPT), 1, kPrefetch};
+}
+
+// Register rows: a warp per row (4 rows per block) with 1 or 2 chunks per thread up to 64 chunks,
+// else a block per row (see the knobs); past 8 chunks per thread of 512 threads rows stream.
 template <typename T, typename W, bool RMS, bool ADD, int VEC>
 cudaError_t launch_fwd_with(const NormFwdParams& p, cudaStream_t stream) {
-  constexpr int kBlockRowsThreads = 512;
-  FwdKernel kernel;
-  int threads, groups = 1;
-  bool persistent = true;
+  constexpr bool kWarpPrefetch = kFwdWarpRowsPersistent;
   const int64_t chunks = (p.cols + VEC - 1) / VEC;
+  FwdLaunch launch;
   if (chunks <= 32) {
-    kernel = norm_fwd_kernel<T, W, RMS, ADD, true, VEC, 1, true, kWarpRowsThreads>;
-    threads = kWarpRowsThreads, groups = kWarpRowsGroups;
+    launch = {norm_fwd_kernel<T, W, RMS, ADD, true, VEC, 1, kWarpPrefetch, kWarpRowsThreads>, kWarpRowsThreads,
+              kWarpRowsGroups, kWarpPrefetch};
   } else if (chunks <= 64) {
-    kernel = norm_fwd_kernel<T, W, RMS, ADD, true, VEC, 2, true, kWarpRowsThreads>;
-    threads = kWarpRowsThreads, groups = kWarpRowsGroups;
-  } else if (chunks <= kBlockRowsThreads * 2) {
-    kernel = norm_fwd_kernel<T, W, RMS, ADD, false, VEC, 2, true, kBlockRowsThreads>;
-    threads = threads_for((chunks + 1) / 2);
-  } else if (chunks <= kBlockRowsThreads * 4) {
-    kernel = norm_fwd_kernel<T, W, RMS, ADD, false, VEC, 4, true, kBlockRowsThreads>;
-    threads = threads_for((chunks + 3) / 4);
-  } else if (chunks <= kBlockRowsThreads * 8) {
-    kernel = norm_fwd_kernel<T, W, RMS, ADD, false, VEC, 8, !ADD, kBlockRowsThreads>;
-    threads = threads_for((chunks + 7) / 8);
-    persistent = !ADD;  // without the prefetch, a data-sized grid
+    launch = {norm_fwd_kernel<T, W, RMS, ADD, true, VEC, 2, kWarpPrefetch, kWarpRowsThreads>, kWarpRowsThreads,
+              kWarpRowsGroups, kWarpPrefetch};
+  } else if (chunks <= kFwdDataGridMaxChunks) {
+    launch = block_rows_launch<T, W, RMS, ADD, VEC, kFwdDataGridChunks, false, kFwdDataGridMaxChunks>(chunks);
   } else {
-    kernel = norm_fwd_streaming_kernel<T, W, RMS, VEC>;
-    threads = kMaxThreads;
-    persistent = false;
+    launch = block_rows_launch<T, W, RMS, ADD, VEC, kFwdPersistentChunks, true, int64_t(kBlockRowsThreads) * 8>(chunks);
   }
   // Rows past the grid are taken by the kernels' grid-stride loops.
-  const int64_t row_groups = std::min<int64_t>((p.rows + groups - 1) / groups, int64_t(1) << 30);
-  const int64_t blocks =
-      persistent ? persistent_blocks(kernel, threads, 0, device_limits().sms, row_groups) : row_groups;
-  kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(p);
+  const int64_t row_groups = std::min<int64_t>((p.rows + launch.groups - 1) / launch.groups, int64_t(1) << 30);
+  const int64_t blocks = launch.persistent
+                             ? persistent_blocks(launch.kernel, launch.threads, 0, device_limits().sms, row_groups)
+                             : row_groups;
+  launch.kernel<<<static_cast<unsigned>(blocks), launch.threads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -868,27 +910,27 @@ struct BwdPlan {
 };
 
 // Register rows: a warp per row (4 rows per block) up to 32 chunks, else a block per row with one
-// chunk per thread (column sums in registers) up to 1024 chunks, then 4 chunks per thread of at
-// most 512 threads (128 registers: two raw copies of the row) with the column sums in shared
-// memory up to 2048 chunks when the sums fit; longer rows stream.
+// chunk per thread (column sums in registers) up to k{Ln,Rms}BwdRegisterSumsMaxChunks, then
+// kBwdSharedSumsChunks (doubled to 4 past 1024 chunks) chunks per thread of at most 512 threads
+// with the column sums in shared memory up to 2048 chunks when the sums fit; longer rows stream.
 // Persistent grid, at most one block per row group.
 template <typename T, typename W, bool RMS, int VEC>
 BwdPlan plan_bwd_with(const NormBwdParams& p) {
   using A = acc_t<T>;
+  constexpr int64_t kRegisterSumsMaxChunks = RMS ? kRmsBwdRegisterSumsMaxChunks : kLnBwdRegisterSumsMaxChunks;
   const DeviceLimits device = device_limits();
+  const int64_t chunks = (p.cols + VEC - 1) / VEC;
   BwdPlan plan;
   plan.shared_bytes = 0;
   plan.bias_from_dy = false;
   int groups = 1;
-  if (p.cols <= 32 * VEC) {
+  if (chunks <= 32) {
     plan.kernel = norm_bwd_kernel<T, W, RMS, true, VEC, 1, kWarpRowsThreads>;
     plan.threads = kWarpRowsThreads, groups = kWarpRowsGroups;
-  } else if (p.cols <= int64_t(kMaxThreads) * VEC) {
+  } else if (chunks <= kRegisterSumsMaxChunks) {
     plan.kernel = norm_bwd_kernel<T, W, RMS, false, VEC, 1, kMaxThreads>;
-    plan.threads = threads_for((p.cols + VEC - 1) / VEC);
+    plan.threads = threads_for(chunks);
   } else {
-    constexpr int kSharedSumsThreads = 512, kSharedSumsChunks = 4;
-    const int64_t chunks = (p.cols + VEC - 1) / VEC;
     const int64_t static_bytes = 2 * 32 * sizeof(A);
     int64_t sums_bytes = ((p.dweight != nullptr) + (p.dbias != nullptr)) * p.cols * int64_t(sizeof(A));
     if (sums_bytes + static_bytes > device.max_shared && p.dweight != nullptr && p.dbias != nullptr) {
@@ -899,17 +941,23 @@ BwdPlan plan_bwd_with(const NormBwdParams& p) {
       plan.bias_from_dy = true;
     }
     const bool sums_fit = sums_bytes + static_bytes <= device.max_shared;
-    const bool register_rows = chunks <= kSharedSumsThreads * kSharedSumsChunks;
-    const BwdKernel shared_kernel =
-        register_rows ? norm_bwd_shared_sums_kernel<T, W, RMS, VEC, kSharedSumsChunks, kSharedSumsThreads>
-                      : norm_bwd_streaming_kernel<T, W, RMS, VEC, true>;
+    const bool register_rows = chunks <= kBlockRowsThreads * 4;
+    int vpt = 4;
+    BwdKernel shared_kernel = register_rows ? norm_bwd_shared_sums_kernel<T, W, RMS, VEC, 4, kBlockRowsThreads>
+                                            : norm_bwd_streaming_kernel<T, W, RMS, VEC, true>;
+    if constexpr (kBwdSharedSumsChunks == 2) {
+      if (chunks <= kBlockRowsThreads * 2) {
+        vpt = 2;
+        shared_kernel = norm_bwd_shared_sums_kernel<T, W, RMS, VEC, 2, kBlockRowsThreads>;
+      }
+    }
     plan.kernel = norm_bwd_streaming_kernel<T, W, RMS, VEC, false>;
     plan.threads = threads_for((chunks + 1) / 2);
     if (sums_fit && (sums_bytes == 0 || cudaFuncSetAttribute(shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                              static_cast<int>(sums_bytes)) == cudaSuccess)) {
       plan.kernel = shared_kernel;
       plan.shared_bytes = static_cast<int>(sums_bytes);
-      if (register_rows) plan.threads = threads_for((chunks + kSharedSumsChunks - 1) / kSharedSumsChunks);
+      if (register_rows) plan.threads = threads_for((chunks + vpt - 1) / vpt);
     }
   }
   plan.blocks = persistent_blocks(plan.kernel, plan.threads, plan.shared_bytes, device.sms,
