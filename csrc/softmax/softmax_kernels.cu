@@ -370,12 +370,14 @@ template <typename T, bool MASKED> struct ForwardRow {
     if constexpr (MASKED) return mask.template load_bytes<VEC>(c0, live);
     return {};
   }
-  // The VEC logits of x[c0 ...]: scaled, then masked (`bytes`: mask_bytes).
+  // The VEC logits of x[c0 ...]: scaled, then masked (`bytes`: mask_bytes). Rounded products: an
+  // FMA of the scaling into a later subtraction of the row max (taken over rounded products)
+  // would be off by the product's rounding error, which is huge for huge logits.
   template <int VEC>
   __device__ __forceinline__ void logits(const ForwardArgs<T>& a, int64_t c0, const AlignedVector<T, VEC>& x,
                                          const MaskBytes<VEC>& bytes, acc_t<T> (&out)[VEC]) const {
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) out[j] = to_acc(x.val[j]) * a.scale;
+    for (int j = 0; j < VEC; ++j) out[j] = mul_rn(to_acc(x.val[j]), a.scale);
     if constexpr (MASKED) mask.template apply<VEC>(c0, bytes, out);
   }
   // Stores the outputs of columns c0 ... of `row` from their VEC logits, or with kExps (never
@@ -456,7 +458,7 @@ template <typename T, bool MASKED> struct BackwardRow {
                                           uint32_t keep, acc_t<T> (&y)[VEC], acc_t<T> (&g)[VEC]) const {
     if constexpr (MASKED) {
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) y[j] = to_acc(va.val[j]) * a.scale;
+      for (int j = 0; j < VEC; ++j) y[j] = mul_rn(to_acc(va.val[j]), a.scale);  // as the forward's logits
       mask.template apply<VEC>(c0, bytes, y);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
