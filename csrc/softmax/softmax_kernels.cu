@@ -952,6 +952,9 @@ struct StagedShape {
   int tensor_bytes;
 };
 
+// The staged kernels' device helpers, compiled only where the kernels have bodies (an sm_80
+// pass would warn about each unused one).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 __device__ __forceinline__ uint32_t shared_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -1132,6 +1135,7 @@ template <typename V> struct ClusterExchange {
 #endif
   }
 };
+#endif
 
 template <typename T, int VECS>
 __global__ void __launch_bounds__(kStagedThreads, 1) staged_forward_kernel(ForwardArgs<T> a, StagedShape shape) {
