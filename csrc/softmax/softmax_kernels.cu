@@ -1135,6 +1135,39 @@ template <typename V> struct ClusterExchange {
 #endif
   }
 };
+
+// Where a block is in its stage ring and in its cluster's inboxes; advanced once per row.
+struct StagedCursor {
+  int stage = 0;
+  int parity = 0;  // scratch and inbox buffer of this row
+  uint32_t phase = 0, exchange_phase = 0;
+  __device__ __forceinline__ void next(int stages) {
+    exchange_phase ^= parity;  // each inbox's mbarrier flips once every two rows
+    parity ^= 1;
+    if (++stage == stages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+};
+
+// The frame of a staged kernel: thread 0 fills the ring's first stages with the block's first
+// rows, then rows(std::bool_constant<log>) runs the block's rows (softmax and log_softmax each
+// get their own loop: no per-element branch on log), and no block exits while its sends to the
+// cluster are in flight.
+template <typename T, int VECS, class Fill, class Rows>
+__device__ __forceinline__ void run_staged_rows(const StagedSlice<T, VECS>& slice, int stages, int64_t rows, bool log,
+                                                Fill fill, Rows body) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages && slice.first + s * slice.step < rows; ++s) fill(s, slice.first + s * slice.step);
+  }
+  if (log) {
+    body(std::true_type{});
+  } else {
+    body(std::false_type{});
+  }
+  if (slice.cluster > 1) cg::this_cluster().sync();
+}
 #endif
 
 template <typename T, int VECS>
@@ -1159,22 +1192,17 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_forward_kernel(Forwa
     ring.copy(stage, ring.stage(stage), a.x + row * a.x_row_stride + slice.begin, bytes);
   };
   const int64_t ahead = static_cast<int64_t>(shape.stages) * slice.step;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < shape.stages && slice.first + s * slice.step < a.rows; ++s) fill(s, slice.first + s * slice.step);
-  }
   const MaxSum<A> identity{neg_inf<A>(), A(0)};
   // Each pass recomputes the logits from the registers, rounded on their own (no FMA into the
   // subtraction that follows), so the max pass and the exp passes see the same values: an FMA
   // would leave the max logit the rounding residual of its product, huge for huge logits.
   auto logit = [&](T x) { return mul_rn(to_acc(x), a.scale); };
-  // softmax and log_softmax each get their own loop: no per-element branch on a.log.
   auto rows = [&](auto log_tag) {
     constexpr bool kLog = decltype(log_tag)::value;
-    int s = 0, parity = 0;
-    uint32_t phase = 0, exchange_phase = 0;
+    StagedCursor at;
     for (int64_t row = slice.first; row < a.rows; row += slice.step) {
-      ring.wait(s, phase);
-      const T* chunk = reinterpret_cast<const T*>(ring.stage(s));
+      ring.wait(at.stage, at.phase);
+      const T* chunk = reinterpret_cast<const T*>(ring.stage(at.stage));
       Vec v[VECS];
 #pragma unroll
       for (int i = 0; i < VECS; ++i) {
@@ -1214,10 +1242,10 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_forward_kernel(Forwa
       }
       // fmaxf skips NaN, but a NaN logit makes the sum NaN: the max carries it on, so the row is NaN.
       if (sum != sum) thread_max = sum;
-      MaxSum<A> total = staged_block_reduce(MaxSum<A>{thread_max, sum}, MaxSumOp<T>{}, scratch, parity, [&] {
-        if (threadIdx.x == 0 && row + ahead < a.rows) fill(s, row + ahead);
+      MaxSum<A> total = staged_block_reduce(MaxSum<A>{thread_max, sum}, MaxSumOp<T>{}, scratch, at.parity, [&] {
+        if (threadIdx.x == 0 && row + ahead < a.rows) fill(at.stage, row + ahead);
       });
-      total = exchange.reduce(total, MaxSumOp<T>{}, identity, parity, exchange_phase);
+      total = exchange.reduce(total, MaxSumOp<T>{}, identity, at.parity, at.exchange_phase);
       // A row without a finite logit has sum 0: probabilities 0, log-probabilities -inf.
       const A row_max = total.max == neg_inf<A>() ? A(0) : total.max;
       const A inv_sum = total.sum == A(0) ? A(0) : A(1) / total.sum;
@@ -1248,20 +1276,10 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_forward_kernel(Forwa
         }
         store_vector<T, VEC>(out + slice.column(i), y);
       }
-      exchange_phase ^= parity;  // each inbox's mbarrier flips once every two rows
-      parity ^= 1;
-      if (++s == shape.stages) {
-        s = 0;
-        phase ^= 1;
-      }
+      at.next(shape.stages);
     }
   };
-  if (a.log) {
-    rows(std::true_type{});
-  } else {
-    rows(std::false_type{});
-  }
-  if (slice.cluster > 1) cg::this_cluster().sync();  // no block exits while its sends are in flight
+  run_staged_rows(slice, shape.stages, a.rows, a.log, fill, rows);
 #endif
 }
 
@@ -1289,19 +1307,14 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_backward_kernel(Back
     ring.copy(stage, ring.stage(stage) + shape.tensor_bytes, a.dy + row * a.dy_row_stride + slice.begin, bytes);
   };
   const int64_t ahead = static_cast<int64_t>(shape.stages) * slice.step;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < shape.stages && slice.first + s * slice.step < a.rows; ++s) fill(s, slice.first + s * slice.step);
-  }
   // softmax: dx = scale * y * (dy - sum(dy * y)); log_softmax: dx = scale * (dy - exp(y) * sum(dy)).
-  // Each gets its own loop: no per-element branch on a.log.
   auto rows = [&](auto log_tag) {
     constexpr bool kLog = decltype(log_tag)::value;
-    int s = 0, parity = 0;
-    uint32_t phase = 0, exchange_phase = 0;
+    StagedCursor at;
     for (int64_t row = slice.first; row < a.rows; row += slice.step) {
-      ring.wait(s, phase);
-      const T* chunk_a = reinterpret_cast<const T*>(ring.stage(s));
-      const T* chunk_dy = reinterpret_cast<const T*>(ring.stage(s) + shape.tensor_bytes);
+      ring.wait(at.stage, at.phase);
+      const T* chunk_a = reinterpret_cast<const T*>(ring.stage(at.stage));
+      const T* chunk_dy = reinterpret_cast<const T*>(ring.stage(at.stage) + shape.tensor_bytes);
       Vec va[VECS], vdy[VECS];
 #pragma unroll
       for (int i = 0; i < VECS; ++i) {
@@ -1320,10 +1333,10 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_backward_kernel(Back
           sum += kLog ? g : g * to_acc(va[i].val[j]);
         }
       }
-      sum = staged_block_reduce(sum, SumOp{}, scratch, parity, [&] {
-        if (threadIdx.x == 0 && row + ahead < a.rows) fill(s, row + ahead);
+      sum = staged_block_reduce(sum, SumOp{}, scratch, at.parity, [&] {
+        if (threadIdx.x == 0 && row + ahead < a.rows) fill(at.stage, row + ahead);
       });
-      sum = exchange.reduce(sum, SumOp{}, A(0), parity, exchange_phase);
+      sum = exchange.reduce(sum, SumOp{}, A(0), at.parity, at.exchange_phase);
 #pragma unroll
       for (int i = 0; i < VECS; ++i) {
         opaque(va[i]);
@@ -1341,20 +1354,10 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_backward_kernel(Back
         }
         store_vector<T, VEC>(dx + slice.column(i), out);
       }
-      exchange_phase ^= parity;  // each inbox's mbarrier flips once every two rows
-      parity ^= 1;
-      if (++s == shape.stages) {
-        s = 0;
-        phase ^= 1;
-      }
+      at.next(shape.stages);
     }
   };
-  if (a.log) {
-    rows(std::true_type{});
-  } else {
-    rows(std::false_type{});
-  }
-  if (slice.cluster > 1) cg::this_cluster().sync();  // no block exits while its sends are in flight
+  run_staged_rows(slice, shape.stages, a.rows, a.log, fill, rows);
 #endif
 }
 
