@@ -59,6 +59,13 @@ def _check_norm(kind, x, shape, weight=None, bias=None, eps=1e-5, atol=1e-5):
         assert_close_to_reference(o, r, t, atol=atol, name=f"{kind} {name}")
 
 
+def _check_bf16_rows(kind, rows, n):
+    """_check_norm on fresh bf16 [rows, n] input, weight and bias."""
+    x = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
+    _check_norm(kind, x, (n,), torch.randn(n, device="cuda", dtype=torch.bfloat16),
+                torch.randn(n, device="cuda", dtype=torch.bfloat16))
+
+
 # ---- argument errors (CPU; raised before any kernel) -----------------------------------------
 
 
@@ -296,9 +303,7 @@ def test_gpu_mixed_precision_fp32_weight(kind, dtype, n):
 @pytest.mark.parametrize("n", [7, 64, 1500])
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
 def test_gpu_small_cases(kind, n):
-    x = torch.randn(5, n, device="cuda", dtype=torch.bfloat16)
-    _check_norm(kind, x, (n,), torch.randn(n, device="cuda", dtype=torch.bfloat16),
-                torch.randn(n, device="cuda", dtype=torch.bfloat16))
+    _check_bf16_rows(kind, 5, n)
 
 
 @gpu
@@ -308,9 +313,7 @@ def test_gpu_small_cases(kind, n):
 def test_gpu_pipelined_rows_small(kind, n, rows):
     """More rows than one wave of the persistent grids (the next-row prefetch crosses iterations
     and the last round has idle row groups): warp rows, block rows, shared-sum backward rows."""
-    x = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
-    _check_norm(kind, x, (n,), torch.randn(n, device="cuda", dtype=torch.bfloat16),
-                torch.randn(n, device="cuda", dtype=torch.bfloat16))
+    _check_bf16_rows(kind, rows, n)
 
 
 @gpu
@@ -345,9 +348,7 @@ def test_gpu_several_normalized_dims(kind):
 @pytest.mark.parametrize("n", [64, 7])
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
 def test_gpu_many_rows(kind, n):
-    x = torch.randn(70000, n, device="cuda", dtype=torch.bfloat16)
-    _check_norm(kind, x, (n,), torch.randn(n, device="cuda", dtype=torch.bfloat16),
-                torch.randn(n, device="cuda", dtype=torch.bfloat16))
+    _check_bf16_rows(kind, 70000, n)
 
 
 @gpu

@@ -50,11 +50,10 @@ constexpr int kSmallGroupBlock = 128;  // block size when a row takes at most on
 constexpr int kRegisterElems = 16;
 // The plain forward keeps 32 of a 16-bit row (four 16-byte loads in flight a thread, occupancy
 // left to ptxas): on the H200 (session 3) bf16 rows went from 84/84/82/80% of copy at N = 1024,
-// 2048, 4096, 8192 with 16 to 99/93/92/91%. fp32 rows lose 5-15 points with 32, and the backward
-// (two tensors) is at copy speed with 16.
+// 2048, 4096, 8192 with 16 to 99/93/92/91%. fp32 rows lose 5-15 points with 32, the backward
+// (two tensors) is at copy speed with 16, and masked rows keep 16 (mask and dropout state take
+// registers; 32 moved them -0.4 to +6 points).
 template <typename T> constexpr int kForwardRegisterElems = sizeof(T) == 2 ? 2 * kRegisterElems : kRegisterElems;
-// The masked forward keeps 16: its mask and dropout state take registers.
-constexpr int kMaskedForwardRegisterElems = kRegisterElems;
 // Registers of raw row data (current + prefetched row) above which a kernel would exceed 64
 // registers a thread (two 512-thread blocks per SM): such kernels load each row when they reach
 // it and hide latency with the second block instead.
@@ -1761,8 +1760,8 @@ cudaError_t launch_masked_softmax_fwd(const MaskedSoftmaxParams& p, DType dtype,
     args.keep_scale = static_cast<acc_t<T>>(1.0 / (1.0 - p.p));
     args.philox = p.philox;
     const bool aligned = rows_aligned(p.x, p.x_row_stride, sizeof(T)) && is_aligned(p.out, 16);
-    const Plan plan = make_plan<T>(p.cols, aligned, 1, kMaskedForwardRegisterElems, true);
-    return dispatch_plan<T, kMaskedForwardRegisterElems>(plan, ForwardLaunch<T, true>{args, plan, stream});
+    const Plan plan = make_plan<T>(p.cols, aligned, 1, kRegisterElems, true);
+    return dispatch_plan<T, kRegisterElems>(plan, ForwardLaunch<T, true>{args, plan, stream});
   });
 }
 
