@@ -1630,61 +1630,52 @@ cudaError_t dispatch_plan(const Plan& plan, Launch launch) {
   return cudaErrorInvalidConfiguration;
 }
 
-template <typename T, bool MASKED> struct ForwardLaunch {
-  const ForwardArgs<T>& args;
+// Launches the forward's or the backward's kernel of each kind of row, for dispatch_plan. The
+// forward reads one row tensor, the backward two.
+template <typename T, bool MASKED, bool BACKWARD> struct RowLaunch {
+  using Args = std::conditional_t<BACKWARD, BackwardArgs<T>, ForwardArgs<T>>;
+  static constexpr int kTensors = BACKWARD ? 2 : 1;
+  const Args& args;
   const Plan& plan;
   cudaStream_t stream;
+  template <int G, int ITEMS, int VEC, int CLUSTER, bool PERSISTENT> static constexpr auto register_kernel() {
+    if constexpr (BACKWARD) {
+      return register_backward_kernel<T, G, ITEMS, VEC, MASKED, CLUSTER, PERSISTENT>;
+    } else {
+      return register_forward_kernel<T, G, ITEMS, VEC, MASKED, CLUSTER, PERSISTENT>;
+    }
+  }
   template <int G, int ITEMS, int VEC, bool PERSISTENT> cudaError_t register_rows() const {
-    return launch_register_rows(register_forward_kernel<T, G, ITEMS, VEC, MASKED, 1, PERSISTENT>, args, G, PERSISTENT,
-                                stream);
+    return launch_register_rows(register_kernel<G, ITEMS, VEC, 1, PERSISTENT>(), args, G, PERSISTENT, stream);
   }
   template <int CLUSTER, int G, int ITEMS, int VEC> cudaError_t cluster_rows() const {
     if constexpr (MASKED) {
-      return launch_clusters(register_forward_kernel<T, G, ITEMS, VEC, MASKED, CLUSTER, true>, args, CLUSTER, G, stream);
+      return launch_clusters(register_kernel<G, ITEMS, VEC, CLUSTER, true>(), args, CLUSTER, G, stream);
     } else {
       return cudaErrorNotSupported;  // make_plan gives unmasked rows staged rows instead
     }
   }
   template <int VECS> cudaError_t staged() const {
-    if constexpr (MASKED || VECS * 16 * kStagedThreads != kWideChunkBytes) {
-      return cudaErrorNotSupported;  // masked rows take cluster rows; the forward holds wide chunks
+    // Masked rows take cluster rows; the forward holds wide chunks only.
+    if constexpr (MASKED || (!BACKWARD && VECS * 16 * kStagedThreads != kWideChunkBytes)) {
+      return cudaErrorNotSupported;
+    } else if constexpr (BACKWARD) {
+      return launch_staged<T, VECS>(staged_backward_kernel<T, VECS>, args, plan.cluster, kTensors, stream);
     } else {
-      return launch_staged<T, VECS>(staged_forward_kernel<T, VECS>, args, plan.cluster, 1, stream);
+      return launch_staged<T, VECS>(staged_forward_kernel<T, VECS>, args, plan.cluster, kTensors, stream);
     }
   }
   template <int G, int VEC, bool CACHE> cudaError_t streamed() const {
-    return launch_streamed(streamed_forward_kernel<T, G, VEC, MASKED, CACHE>, args, plan,
-                           args.cols * int64_t(sizeof(T)), stream);
-  }
-};
-
-template <typename T, bool MASKED> struct BackwardLaunch {
-  const BackwardArgs<T>& args;
-  const Plan& plan;
-  cudaStream_t stream;
-  template <int G, int ITEMS, int VEC, bool PERSISTENT> cudaError_t register_rows() const {
-    return launch_register_rows(register_backward_kernel<T, G, ITEMS, VEC, MASKED, 1, PERSISTENT>, args, G, PERSISTENT,
-                                stream);
-  }
-  template <int CLUSTER, int G, int ITEMS, int VEC> cudaError_t cluster_rows() const {
-    if constexpr (MASKED) {
-      return launch_clusters(register_backward_kernel<T, G, ITEMS, VEC, MASKED, CLUSTER, true>, args, CLUSTER, G, stream);
+    const int64_t row_bytes = kTensors * args.cols * int64_t(sizeof(T));
+    if constexpr (BACKWARD) {
+      return launch_streamed(streamed_backward_kernel<T, G, VEC, MASKED, CACHE>, args, plan, row_bytes, stream);
     } else {
-      return cudaErrorNotSupported;  // make_plan gives unmasked rows staged rows instead
+      return launch_streamed(streamed_forward_kernel<T, G, VEC, MASKED, CACHE>, args, plan, row_bytes, stream);
     }
   }
-  template <int VECS> cudaError_t staged() const {
-    if constexpr (MASKED) {
-      return cudaErrorNotSupported;  // make_plan gives masked rows cluster rows instead
-    } else {
-      return launch_staged<T, VECS>(staged_backward_kernel<T, VECS>, args, plan.cluster, 2, stream);
-    }
-  }
-  template <int G, int VEC, bool CACHE> cudaError_t streamed() const {
-    return launch_streamed(streamed_backward_kernel<T, G, VEC, MASKED, CACHE>, args, plan,
-                           2 * args.cols * int64_t(sizeof(T)), stream);
-  }
 };
+template <typename T, bool MASKED> using ForwardLaunch = RowLaunch<T, MASKED, false>;
+template <typename T, bool MASKED> using BackwardLaunch = RowLaunch<T, MASKED, true>;
 
 bool rows_aligned(const void* ptr, int64_t row_stride, int elem_bytes) {
   return is_aligned(ptr, 16) && (row_stride * elem_bytes) % 16 == 0;
