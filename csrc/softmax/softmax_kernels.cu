@@ -86,11 +86,18 @@ __host__ __device__ constexpr int block_threads(int group) { return group <= 32 
 
 template <typename A> __device__ __forceinline__ A neg_inf() { return -std::numeric_limits<A>::infinity(); }
 template <typename A> __device__ __forceinline__ A pos_inf() { return std::numeric_limits<A>::infinity(); }
-// exp for inputs of type T: the fast intrinsic (one multiply and MUFU.EX2, a few ulp) for 16-bit
-// types, whose output rounding is ~1000x coarser, so the kernels stay memory-bound there;
-// the accurate expf / exp for fp32 and fp64.
+// exp for inputs of type T: 2^(v log2 e) on MUFU.EX2 (a few ulp) for 16-bit types, whose output
+// rounding is ~1000x coarser, so the kernels stay memory-bound there; the accurate expf / exp
+// for fp32 and fp64. The flush-to-zero form is one multiply and the MUFU: __expf's rescaling of
+// results below 2^-126 (fp32 subnormals, < 1.2e-38, far under any tolerance) adds four
+// instructions an element, a third of the masked kernels' arithmetic.
+__device__ __forceinline__ float exp2_ftz(float v) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+  return r;
+}
 template <typename T> __device__ __forceinline__ acc_t<T> exp_acc(acc_t<T> v) {
-  if constexpr (sizeof(T) == 2) return __expf(v);
+  if constexpr (sizeof(T) == 2) return exp2_ftz(v * 1.4426950408889634f);
   else if constexpr (std::is_same<acc_t<T>, float>::value) return expf(v);
   else return exp(v);
 }
@@ -220,6 +227,24 @@ template <typename T, typename A = acc_t<T>> struct RowStats {
   __device__ A lse() const { return empty ? pos_inf<A>() : max + log_sum; }
 };
 
+// The vector widened to acc_t<T>. bf16 is the top half of an fp32, so a 32-bit word holding two
+// becomes two floats by a shift and a mask; to_acc per element extracts the high one first.
+template <typename T, int VEC>
+__device__ __forceinline__ void widen(const AlignedVector<T, VEC>& v, acc_t<T> (&out)[VEC]) {
+  if constexpr (std::is_same<T, __nv_bfloat16>::value && VEC % 2 == 0) {
+    uint32_t words[VEC / 2];
+    memcpy(words, v.val, sizeof(words));
+#pragma unroll
+    for (int w = 0; w < VEC / 2; ++w) {
+      out[2 * w] = __uint_as_float(words[w] << 16);
+      out[2 * w + 1] = __uint_as_float(words[w] & 0xffff0000u);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out[j] = to_acc(v.val[j]);
+  }
+}
+
 // ---- masking and dropout ---------------------------------------------------------------------
 
 // Rows without prefetch issue every load of a row (data and mask bytes) in one loop before any
@@ -300,11 +325,18 @@ template <typename T> struct MaskRow {
   template <int VEC, bool kVectorMask> __device__ __forceinline__ MaskBytes<VEC> load_bytes(int64_t c0, bool live) const {
     return load_live<char, VEC>(live && vector_bytes<VEC, kVectorMask>(c0), data + c0);
   }
-  // Bit j set when column c0 + j is visible to the causal mask (all set without it).
-  template <int VEC> __device__ __forceinline__ uint32_t causal_bits(int64_t c0) const {
+  // Bit j set when column c0 + j is visible to the causal mask (all set without it). Register
+  // rows (kVectorMask) have 32-bit columns: half the instructions of the 64-bit clamp.
+  template <int VEC, bool kVectorMask> __device__ __forceinline__ uint32_t causal_bits(int64_t c0) const {
     static_assert(VEC < 32, "one bit per column of a vector");
-    const int64_t visible = std::min<int64_t>(std::max<int64_t>(last_visible - c0, -1), VEC - 1) + 1;
-    return (1u << static_cast<int>(visible)) - 1u;
+    int visible;
+    if constexpr (kVectorMask) {
+      const int ahead = static_cast<int>(std::min<int64_t>(last_visible, INT32_MAX)) - static_cast<int>(c0);
+      visible = std::min(std::max(ahead, -1), VEC - 1) + 1;
+    } else {
+      visible = static_cast<int>(std::min<int64_t>(std::max<int64_t>(last_visible - c0, -1), VEC - 1)) + 1;
+    }
+    return (1u << visible) - 1u;
   }
   // Masks VEC scaled logits starting at column c0: by one bit per column where the mask is
   // a vector of bool bytes (`bytes`, from load_bytes) or absent (causal only), else element by
@@ -319,7 +351,7 @@ template <typename T> struct MaskRow {
         return;
       }
     }
-    uint32_t visible = causal_bits<VEC>(c0);
+    uint32_t visible = causal_bits<VEC, kVectorMask>(c0);
     if (kind == MaskKind::Bool) visible &= bool_bits(bytes);
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
@@ -485,8 +517,9 @@ template <typename T, bool MASKED> struct ForwardRow {
   template <int VEC, bool kVectorMask = false>
   __device__ __forceinline__ void logits(const ForwardArgs<T>& a, int64_t c0, const AlignedVector<T, VEC>& x,
                                          const MaskBytes<VEC>& bytes, acc_t<T> (&out)[VEC]) const {
+    widen(x, out);
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) out[j] = mul_rn(to_acc(x.val[j]), a.scale);
+    for (int j = 0; j < VEC; ++j) out[j] = mul_rn(out[j], a.scale);
     if constexpr (MASKED) mask.template apply<VEC, kVectorMask>(c0, bytes, out);
   }
   // Stores the outputs of columns c0 ... of `row` from their VEC logits, or with kExps (never
@@ -566,21 +599,16 @@ template <typename T, bool MASKED> struct BackwardRow {
   __device__ __forceinline__ void prepare(const BackwardArgs<T>& a, int64_t c0, const AlignedVector<T, VEC>& va,
                                           const AlignedVector<T, VEC>& vdy, const MaskBytes<VEC>& bytes,
                                           uint32_t keep, acc_t<T> (&y)[VEC], acc_t<T> (&g)[VEC]) const {
+    widen(va, y);
+    widen(vdy, g);
     if constexpr (MASKED) {
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) y[j] = mul_rn(to_acc(va.val[j]), a.scale);  // as the forward's logits
+      for (int j = 0; j < VEC; ++j) y[j] = mul_rn(y[j], a.scale);  // as the forward's logits
       mask.template apply<VEC, kVectorMask>(c0, bytes, y);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         y[j] = exp_acc<T>(y[j] - lse);
-        const acc_t<T> dy = to_acc(vdy.val[j]);
-        g[j] = a.dropout ? ((keep >> j) & 1u ? dy * a.keep_scale : acc_t<T>(0)) : dy;
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        y[j] = to_acc(va.val[j]);
-        g[j] = to_acc(vdy.val[j]);
+        if (a.dropout) g[j] = (keep >> j) & 1u ? g[j] * a.keep_scale : acc_t<T>(0);
       }
     }
   }
@@ -724,7 +752,9 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         if (kBranchless && !live) values[i][j] = neg_inf<A>();
-        thread_max = nan_max(thread_max, values[i][j]);
+        // One instruction where nan_max takes three. A single group need not carry a NaN in
+        // the max: a NaN logit makes the sum, and so the whole row, NaN all the same.
+        thread_max = kOnePass ? nan_max(thread_max, values[i][j]) : max(thread_max, values[i][j]);
       }
     }
     if constexpr (PERSISTENT && !kPrefetch) {
