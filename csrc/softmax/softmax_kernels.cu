@@ -170,7 +170,8 @@ template <int G, int CLUSTER = 1> struct RowCursor {
   __device__ static int rank() { return blockIdx.x % CLUSTER; }
   __device__ static int64_t first() { return static_cast<int64_t>(blockIdx.x / CLUSTER) * kRowsPerBlock; }
   __device__ static int64_t step() { return static_cast<int64_t>(gridDim.x / CLUSTER) * kRowsPerBlock; }
-  __device__ static int64_t row(int64_t base) { return base + threadIdx.x / (G <= 32 ? G : blockDim.x); }
+  // A block of G > 32 threads is one group: no division by blockDim.x (~20 instructions).
+  __device__ static int64_t row(int64_t base) { return G <= 32 ? base + threadIdx.x / G : base; }
 };
 
 // Reduces over the whole row: the group, then with CLUSTER > 1 the cluster's blocks, each block
@@ -211,11 +212,13 @@ template <int CLUSTER> __device__ __forceinline__ void cluster_exit_barrier() {
 // Max and sum of exp(logit - max) of one row, turned into what the outputs need.
 template <typename T, typename A = acc_t<T>> struct RowStats {
   A max;      // 0 for a row with no finite logit, so exp(-inf - max) = 0
+  A sum;
   A inv_sum;  // 0 for a fully masked row: its probabilities are 0
-  A log_sum;   // only with `logs` (log_softmax, or the masked lse): the log costs ~20 instructions
+  A log_sum;   // only with `logs` (log_softmax): the log costs ~20 instructions
   bool empty;  // NaN sums (a +inf or NaN logit) are not empty: NaN propagates as in torch
   __device__ RowStats(A m, A s, bool logs)
       : max(m == neg_inf<A>() ? A(0) : m),
+        sum(s),
         inv_sum(s == A(0) ? A(0) : A(1) / s),
         log_sum(logs ? log_acc(s) : A(0)),
         empty(s == A(0)) {}
@@ -224,7 +227,8 @@ template <typename T, typename A = acc_t<T>> struct RowStats {
   // What log_prob subtracts from logit - max (-inf in a row without a finite logit).
   __device__ A log_shift() const { return empty ? pos_inf<A>() : log_sum; }
   // Log-sum-exp saved for the backward: +inf for a fully masked row, so exp(logit - lse) = 0.
-  __device__ A lse() const { return empty ? pos_inf<A>() : max + log_sum; }
+  // Its own log: only the thread that stores it pays for it.
+  __device__ A lse() const { return empty ? pos_inf<A>() : max + log_acc(sum); }
 };
 
 // The vector widened to acc_t<T>. bf16 is the top half of an fp32, so a 32-bit word holding two
@@ -796,7 +800,7 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
     } else {
       total.sum = group_reduce<G>(sum, SumOp{}, A(0), scratch);
     }
-    const RowStats<T> stats(total.max, total.sum, MASKED || a.log);
+    const RowStats<T> stats(total.max, total.sum, a.log);
     // exp(logit - shift) * factor = exp(logit - row max) / row sum
     A factor = stats.inv_sum;
     if constexpr (kShiftedLogs) {
@@ -995,7 +999,7 @@ __global__ void __launch_bounds__(block_threads(G)) streamed_forward_kernel(Forw
     const A row_max = group_reduce<G>(max, MaxOp{}, neg_inf<A>(), scratch);
     sum = max == neg_inf<A>() ? A(0) : sum * exp_acc<T>(max - row_max);
     sum = group_reduce<G>(sum, SumOp{}, A(0), scratch);
-    const RowStats<T> stats(row_max, sum, MASKED || a.log);
+    const RowStats<T> stats(row_max, sum, a.log);
     stream_row<G, VEC, CACHE, false>(x, cache, cols, [&](int64_t c0, const AlignedVector<T, VEC>& v) {
       A logits[VEC];
       ctx.template logits<VEC>(a, c0, v, ctx.template mask_bytes<VEC>(c0, true), logits);
