@@ -530,14 +530,11 @@ template <typename T, bool MASKED> struct ForwardRow {
   // for log_softmax) from exp(logit - m) for some m, whose probabilities are exps * factor, or
   // with kShiftedLogs (log_softmax only) from logit - row max, whose log-probabilities are
   // values - factor (factor = stats.log_shift()).
+  // `keep`: the vector's dropout bits (keep()).
   template <int VEC, bool kExps = false, bool kShiftedLogs = false>
   __device__ __forceinline__ void store(const ForwardArgs<T>& a, int64_t row, int64_t c0, const acc_t<T> (&values)[VEC],
-                                        const RowStats<T>& stats, acc_t<T> factor = 0) const {
+                                        uint32_t keep, const RowStats<T>& stats, acc_t<T> factor = 0) const {
     AlignedVector<T, VEC> v;
-    uint32_t keep = ~0u;
-    if constexpr (MASKED) {
-      if (a.dropout) keep = keep_bits<VEC>(key, a.threshold, row * a.cols + c0);
-    }
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       acc_t<T> y;
@@ -554,6 +551,14 @@ template <typename T, bool MASKED> struct ForwardRow {
       v.val[j] = from_acc<T>(y);
     }
     store_vector<T, VEC>(a.out + row * a.cols + c0, v);
+  }
+  // Dropout bits of columns c0 ... of `row` (all kept without dropout).
+  template <int VEC>
+  __device__ __forceinline__ uint32_t keep(const ForwardArgs<T>& a, int64_t row, int64_t c0) const {
+    if constexpr (MASKED) {
+      if (a.dropout) return keep_bits<VEC>(key, a.threshold, row * a.cols + c0);
+    }
+    return ~0u;
   }
   __device__ __forceinline__ void finish(const ForwardArgs<T>& a, int64_t row, const RowStats<T>& stats) const {
     if constexpr (MASKED) {
@@ -738,6 +743,21 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
         bytes[i] = ctx.template mask_bytes<VEC, true>(c0, live);
       }
     }
+    // Dropout bits of the thread's vectors (vector i at bit i * VEC), drawn while the loads are
+    // in flight and held in one register: drawn at the stores, Philox's temporaries were live
+    // beside every kept exp (spills at 32 elements a thread). Hidden vectors store zeros anyway.
+    static_assert(!MASKED || ITEMS * VEC <= 32, "one bit per element of a thread in one word");
+    uint32_t keep = ~0u;
+    if constexpr (MASKED) {
+      if (a.dropout) {
+        keep = 0;
+#pragma unroll
+        for (int i = 0; i < ITEMS; ++i) {
+          const int c0 = slice.column(i);
+          if (valid && c0 < cols && !ctx.hidden_from(c0)) keep |= ctx.template keep<VEC>(a, row, c0) << (i * VEC);
+        }
+      }
+    }
     // The thread's logits (-inf outside the row) and their max. Masked rows branch around the
     // vectors outside the row or hidden by the causal mask (no mask reads or arithmetic there).
     constexpr bool kBranchless = !MASKED && !kPrefetch;
@@ -812,11 +832,11 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
       const int c0 = slice.column(i);
       if (valid && c0 < cols) {
         if (keep_exps) {
-          ctx.template store<VEC, true>(a, row, c0, values[i], stats, factor);
+          ctx.template store<VEC, true>(a, row, c0, values[i], keep >> (i * VEC), stats, factor);
         } else if constexpr (kShiftedLogs) {
-          ctx.template store<VEC, false, true>(a, row, c0, values[i], stats, factor);
+          ctx.template store<VEC, false, true>(a, row, c0, values[i], keep >> (i * VEC), stats, factor);
         } else {
-          ctx.template store<VEC, false>(a, row, c0, values[i], stats);
+          ctx.template store<VEC, false>(a, row, c0, values[i], keep >> (i * VEC), stats);
         }
       }
     }
@@ -1003,7 +1023,7 @@ __global__ void __launch_bounds__(block_threads(G)) streamed_forward_kernel(Forw
     stream_row<G, VEC, CACHE, false>(x, cache, cols, [&](int64_t c0, const AlignedVector<T, VEC>& v) {
       A logits[VEC];
       ctx.template logits<VEC>(a, c0, v, ctx.template mask_bytes<VEC>(c0, true), logits);
-      ctx.template store<VEC>(a, row, c0, logits, stats);
+      ctx.template store<VEC>(a, row, c0, logits, ctx.template keep<VEC>(a, row, c0), stats);
     });
     if (valid && Cursor::lane() == 0) ctx.finish(a, row, stats);
   }
