@@ -35,6 +35,7 @@
 #include <cooperative_groups.h>
 
 #include "../common/dispatch.cuh"
+#include "../common/fast_divmod.cuh"
 #include "../common/occupancy.h"
 #include "../common/philox.cuh"
 #include "../common/reduce.cuh"
@@ -52,9 +53,14 @@ constexpr int kRegisterElems = 16;
 // The plain forward keeps 32 of a 16-bit row (four 16-byte loads in flight a thread, occupancy
 // left to ptxas): on the H200 (session 3) bf16 rows went from 84/84/82/80% of copy at N = 1024,
 // 2048, 4096, 8192 with 16 to 99/93/92/91%. fp32 rows lose 5-15 points with 32, the backward
-// (two tensors) is at copy speed with 16, and masked rows keep 16 (mask and dropout state take
-// registers; 32 moved them -0.4 to +6 points).
+// (two tensors) is at copy speed with 16.
 template <typename T> constexpr int kForwardRegisterElems = sizeof(T) == 2 ? 2 * kRegisterElems : kRegisterElems;
+// Elements a thread keeps of a masked 16-bit forward row. 32 would halve the per-row work a
+// column (mask placement, reductions, lse) and make a 1024-wide row one warp, reduced with
+// shuffles only, but spill under the kMaskedThreadsPerSM bound and in 1024-thread blocks
+// (scratch/masked_variants.sh measures both).
+constexpr int kMaskedForwardElems16 = 16;
+template <typename T> constexpr int kMaskedForwardRegisterElems = sizeof(T) == 2 ? kMaskedForwardElems16 : kRegisterElems;
 // Registers of raw row data (current + prefetched row) above which a kernel would exceed 64
 // registers a thread (two 512-thread blocks per SM): such kernels load each row when they reach
 // it and hide latency with the second block instead.
@@ -81,11 +87,18 @@ __host__ __device__ constexpr int block_threads(int group) { return group <= 32 
 
 template <typename A> __device__ __forceinline__ A neg_inf() { return -std::numeric_limits<A>::infinity(); }
 template <typename A> __device__ __forceinline__ A pos_inf() { return std::numeric_limits<A>::infinity(); }
-// exp for inputs of type T: the fast intrinsic (one multiply and MUFU.EX2, a few ulp) for 16-bit
-// types, whose output rounding is ~1000x coarser, so the kernels stay memory-bound there;
-// the accurate expf / exp for fp32 and fp64.
+// exp for inputs of type T: 2^(v log2 e) on MUFU.EX2 (a few ulp) for 16-bit types, whose output
+// rounding is ~1000x coarser, so the kernels stay memory-bound there; the accurate expf / exp
+// for fp32 and fp64. The flush-to-zero form is one multiply and the MUFU: __expf's rescaling of
+// results below 2^-126 (fp32 subnormals, < 1.2e-38, far under any tolerance) adds four
+// instructions an element, a third of the masked kernels' arithmetic.
+__device__ __forceinline__ float exp2_ftz(float v) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+  return r;
+}
 template <typename T> __device__ __forceinline__ acc_t<T> exp_acc(acc_t<T> v) {
-  if constexpr (sizeof(T) == 2) return __expf(v);
+  if constexpr (sizeof(T) == 2) return exp2_ftz(v * 1.4426950408889634f);
   else if constexpr (std::is_same<acc_t<T>, float>::value) return expf(v);
   else return exp(v);
 }
@@ -158,7 +171,8 @@ template <int G, int CLUSTER = 1> struct RowCursor {
   __device__ static int rank() { return blockIdx.x % CLUSTER; }
   __device__ static int64_t first() { return static_cast<int64_t>(blockIdx.x / CLUSTER) * kRowsPerBlock; }
   __device__ static int64_t step() { return static_cast<int64_t>(gridDim.x / CLUSTER) * kRowsPerBlock; }
-  __device__ static int64_t row(int64_t base) { return base + threadIdx.x / (G <= 32 ? G : blockDim.x); }
+  // A block of G > 32 threads is one group: no division by blockDim.x (~20 instructions).
+  __device__ static int64_t row(int64_t base) { return G <= 32 ? base + threadIdx.x / G : base; }
 };
 
 // Reduces over the whole row: the group, then with CLUSTER > 1 the cluster's blocks, each block
@@ -199,11 +213,13 @@ template <int CLUSTER> __device__ __forceinline__ void cluster_exit_barrier() {
 // Max and sum of exp(logit - max) of one row, turned into what the outputs need.
 template <typename T, typename A = acc_t<T>> struct RowStats {
   A max;      // 0 for a row with no finite logit, so exp(-inf - max) = 0
+  A sum;
   A inv_sum;  // 0 for a fully masked row: its probabilities are 0
-  A log_sum;   // only with `logs` (log_softmax, or the masked lse): the log costs ~20 instructions
+  A log_sum;   // only with `logs` (log_softmax): the log costs ~20 instructions
   bool empty;  // NaN sums (a +inf or NaN logit) are not empty: NaN propagates as in torch
   __device__ RowStats(A m, A s, bool logs)
       : max(m == neg_inf<A>() ? A(0) : m),
+        sum(s),
         inv_sum(s == A(0) ? A(0) : A(1) / s),
         log_sum(logs ? log_acc(s) : A(0)),
         empty(s == A(0)) {}
@@ -212,8 +228,27 @@ template <typename T, typename A = acc_t<T>> struct RowStats {
   // What log_prob subtracts from logit - max (-inf in a row without a finite logit).
   __device__ A log_shift() const { return empty ? pos_inf<A>() : log_sum; }
   // Log-sum-exp saved for the backward: +inf for a fully masked row, so exp(logit - lse) = 0.
-  __device__ A lse() const { return empty ? pos_inf<A>() : max + log_sum; }
+  // Its own log: only the thread that stores it pays for it.
+  __device__ A lse() const { return empty ? pos_inf<A>() : max + log_acc(sum); }
 };
+
+// The vector widened to acc_t<T>. bf16 is the top half of an fp32, so a 32-bit word holding two
+// becomes two floats by a shift and a mask; to_acc per element extracts the high one first.
+template <typename T, int VEC>
+__device__ __forceinline__ void widen(const AlignedVector<T, VEC>& v, acc_t<T> (&out)[VEC]) {
+  if constexpr (std::is_same<T, __nv_bfloat16>::value && VEC % 2 == 0) {
+    uint32_t words[VEC / 2];
+    memcpy(words, v.val, sizeof(words));
+#pragma unroll
+    for (int w = 0; w < VEC / 2; ++w) {
+      out[2 * w] = __uint_as_float(words[w] << 16);
+      out[2 * w + 1] = __uint_as_float(words[w] & 0xffff0000u);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out[j] = to_acc(v.val[j]);
+  }
+}
 
 // ---- masking and dropout ---------------------------------------------------------------------
 
@@ -221,14 +256,46 @@ template <typename T, typename A = acc_t<T>> struct RowStats {
 // arithmetic, zeros where not `live`: each load stays a predicated instruction that ptxas issues
 // ahead of the arithmetic (a load behind a branch, or among the arithmetic of earlier vectors,
 // keeps 16-bit rows to one load in flight).
+// The vector is zeroed and loaded as whole 32-bit words: zeroing 16-bit or byte elements one by
+// one made ptxas keep each element in its own register around the predicated load (a PRMT per
+// element before and after it).
 template <typename T, int VEC>
 __device__ __forceinline__ AlignedVector<T, VEC> load_live(bool live, const T* src) {
-  AlignedVector<T, VEC> v{};
-  if (live) v = load_vector<T, VEC>(src);
-  return v;
+  using Vec = AlignedVector<T, VEC>;
+  if constexpr (sizeof(Vec) % 4 == 0) {
+    constexpr int kWords = sizeof(Vec) / 4;
+    AlignedVector<uint32_t, kWords> words{};
+    if (live) words = load_vector<uint32_t, kWords>(reinterpret_cast<const uint32_t*>(src));
+    Vec v;
+    memcpy(&v, &words, sizeof(Vec));
+    return v;
+  } else {
+    Vec v{};
+    if (live) v = load_vector<T, VEC>(src);
+    return v;
+  }
 }
 
 template <int VEC> using MaskBytes = AlignedVector<char, VEC>;
+
+// Bit j set when bool byte j is true. torch bools are bytes 0 or 1, so a word's four bytes,
+// masked to their low bits, times 0x01020408 land as bits 0-3 of its top byte (byte i times
+// 2^(3-i); no sum exceeds 15, so nothing carries): three instructions per four columns where
+// testing each byte takes an extract and a compare.
+template <int VEC> __device__ __forceinline__ uint32_t bool_bits(const MaskBytes<VEC>& bytes) {
+  uint32_t bits = 0;
+  if constexpr (VEC % 4 == 0) {
+#pragma unroll
+    for (int w = 0; w < VEC / 4; ++w) {
+      const uint32_t word = reinterpret_cast<const uint32_t*>(bytes.val)[w];
+      bits |= (((word & 0x01010101u) * 0x01020408u) >> 24) << (4 * w);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) bits |= uint32_t(bytes.val[j] != 0) << j;
+  }
+  return bits;
+}
 
 // The mask of one row: a pointer to its first element and the causal limit.
 template <typename T> struct MaskRow {
@@ -250,58 +317,112 @@ template <typename T> struct MaskRow {
     return scaled;
   }
 
-  // Whether the mask of columns c0 ... is one aligned vector of VEC bool bytes.
-  template <int VEC> __device__ __forceinline__ bool vector_bytes(int64_t c0) const {
+  // Whether the mask of columns c0 ... is one aligned vector of VEC bool bytes; with
+  // kVectorMask (register and cluster rows) the host has checked that every bool mask is (see
+  // vector_mask).
+  template <int VEC, bool kVectorMask> __device__ __forceinline__ bool vector_bytes(int64_t c0) const {
+    if constexpr (kVectorMask) return kind == MaskKind::Bool;
     return VEC > 1 && kind == MaskKind::Bool && col_stride_bytes == 1 &&
            reinterpret_cast<uintptr_t>(data + c0) % VEC == 0;
   }
   // The mask bytes of columns c0 ... where they form a vector, read with the row's data so that
   // every load of the row is in flight before its arithmetic; zeros where not `live`.
-  template <int VEC> __device__ __forceinline__ MaskBytes<VEC> load_bytes(int64_t c0, bool live) const {
-    return load_live<char, VEC>(live && vector_bytes<VEC>(c0), data + c0);
+  template <int VEC, bool kVectorMask> __device__ __forceinline__ MaskBytes<VEC> load_bytes(int64_t c0, bool live) const {
+    return load_live<char, VEC>(live && vector_bytes<VEC, kVectorMask>(c0), data + c0);
   }
-  // Masks VEC scaled logits starting at column c0: from `bytes` (load_bytes) where the mask is a
-  // vector, else element by element.
-  template <int VEC>
-  __device__ __forceinline__ void apply(int64_t c0, const MaskBytes<VEC>& bytes, acc_t<T> (&scaled)[VEC]) const {
-    if (vector_bytes<VEC>(c0)) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        if (!bytes.val[j] || c0 + j > last_visible) scaled[j] = neg_inf<acc_t<T>>();
-      }
+  // Bit j set when column c0 + j is visible to the causal mask (all set without it). Register
+  // rows (kVectorMask) have 32-bit columns: half the instructions of the 64-bit clamp.
+  template <int VEC, bool kVectorMask> __device__ __forceinline__ uint32_t causal_bits(int64_t c0) const {
+    static_assert(VEC < 32, "one bit per column of a vector");
+    int visible;
+    if constexpr (kVectorMask) {
+      const int ahead = static_cast<int>(std::min<int64_t>(last_visible, INT32_MAX)) - static_cast<int>(c0);
+      visible = std::min(std::max(ahead, -1), VEC - 1) + 1;
     } else {
+      visible = static_cast<int>(std::min<int64_t>(std::max<int64_t>(last_visible - c0, -1), VEC - 1)) + 1;
+    }
+    return (1u << visible) - 1u;
+  }
+  // Masks VEC scaled logits starting at column c0: by one bit per column where the mask is
+  // a vector of bool bytes (`bytes`, from load_bytes) or absent (causal only), else element by
+  // element. kVectorMask compiles the element-by-element path out: kept in the register-row
+  // kernels, its scattered loads took them from ~70 registers to ~120.
+  template <int VEC, bool kVectorMask>
+  __device__ __forceinline__ void apply(int64_t c0, const MaskBytes<VEC>& bytes, acc_t<T> (&scaled)[VEC]) const {
+    if constexpr (!kVectorMask) {
+      if (kind == MaskKind::Additive || (kind == MaskKind::Bool && !vector_bytes<VEC, false>(c0))) {
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) scaled[j] = logit(c0 + j, scaled[j]);
+        for (int j = 0; j < VEC; ++j) scaled[j] = logit(c0 + j, scaled[j]);
+        return;
+      }
+    }
+    uint32_t visible = causal_bits<VEC, kVectorMask>(c0);
+    if (kind == MaskKind::Bool) visible &= bool_bits(bytes);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      if (!((visible >> j) & 1u)) scaled[j] = neg_inf<acc_t<T>>();
     }
   }
 };
 
-// The mask offset (in elements) and causal limit of a row, in index type I: 32-bit division is
-// several times cheaper than 64-bit, and this runs once per row in every thread of the group.
-template <typename I>
-__device__ __forceinline__ void locate_row(const MaskLayout& m, I row, I q_len, int64_t& offset, int64_t& query) {
+// The divisions that place a row in the mask, prepared on the host once per launch: the lead
+// dims of size > 1 (innermost first) with their mask strides, and q_len. Launches of fewer than
+// 2^31 rows divide by these (FastDivmod: 4 instructions where a runtime 32-bit division or
+// modulo costs ~20, per dim, row and thread); larger ones divide in 64 bits.
+struct RowLocator {
+  bool fast = false;
+  int dims = 0;
+  FastDivmod sizes[kMaxLeadDims];
+  int64_t strides[kMaxLeadDims] = {};
+  FastDivmod q_len;
+};
+
+RowLocator row_locator(const MaskLayout& m, int64_t rows, int64_t q_len) {
+  RowLocator r;
+  r.fast = rows <= int64_t(INT32_MAX);  // every lead size and q_len divides into rows
+  if (!r.fast) return r;
+  for (int d = kMaxLeadDims - 1; d >= 0; --d) {
+    if (m.lead_sizes[d] == 1) continue;  // padding dims and dims the input does not have
+    r.sizes[r.dims] = FastDivmod(static_cast<uint32_t>(m.lead_sizes[d]));
+    r.strides[r.dims++] = m.lead_strides[d];
+  }
+  r.q_len = FastDivmod(static_cast<uint32_t>(q_len));
+  return r;
+}
+
+// The mask offset (in elements) and causal query of a row past 2^31 rows, in 64 bits.
+__device__ __forceinline__ void locate_row_wide(const MaskLayout& m, int64_t row, int64_t q_len, int64_t& offset,
+                                                int64_t& query) {
   offset = 0;
-  I rest = row;
+  int64_t rest = row;
 #pragma unroll
   for (int d = kMaxLeadDims - 1; d >= 0; --d) {
-    const I size = static_cast<I>(m.lead_sizes[d]);
-    if (size == 1) continue;  // padding dims and dims the input does not have
-    offset += static_cast<int64_t>(rest % size) * m.lead_strides[d];
+    const int64_t size = m.lead_sizes[d];
+    if (size == 1) continue;
+    offset += (rest % size) * m.lead_strides[d];
     rest /= size;
   }
-  query = static_cast<int64_t>(row % q_len);
+  query = row % q_len;
 }
 
 template <typename T>
-__device__ __forceinline__ MaskRow<T> mask_row(const MaskLayout& m, int64_t row, int64_t rows, int64_t q_len,
-                                               bool causal) {
+__device__ __forceinline__ MaskRow<T> mask_row(const MaskLayout& m, const RowLocator& locator, int64_t row,
+                                               int64_t q_len, bool causal) {
   const int64_t elem_bytes = m.kind == MaskKind::Bool ? 1 : static_cast<int64_t>(sizeof(T));
-  int64_t offset, query;
-  // Every lead size and q_len divides into `rows`, so 32 bits hold them all when they hold rows.
-  if (rows <= int64_t(UINT32_MAX)) {
-    locate_row<uint32_t>(m, static_cast<uint32_t>(row), static_cast<uint32_t>(q_len), offset, query);
+  int64_t offset = 0, query = 0;
+  if (locator.fast) {
+    uint32_t rest = static_cast<uint32_t>(row);
+#pragma unroll
+    for (int d = 0; d < kMaxLeadDims; ++d) {
+      if (d < locator.dims) {
+        const uint32_t outer = locator.sizes[d].div(rest);
+        offset += static_cast<int64_t>(rest - outer * locator.sizes[d].divisor) * locator.strides[d];
+        rest = outer;
+      }
+    }
+    if (causal) query = locator.q_len.mod(static_cast<uint32_t>(row));
   } else {
-    locate_row<int64_t>(m, row, q_len, offset, query);
+    locate_row_wide(m, row, q_len, offset, query);
   }
   const int64_t last_visible = causal ? query : std::numeric_limits<int64_t>::max();
   return {static_cast<const char*>(m.data) + offset * elem_bytes, m.col_stride * elem_bytes, last_visible, m.kind};
@@ -310,6 +431,28 @@ __device__ __forceinline__ MaskRow<T> mask_row(const MaskLayout& m, int64_t row,
 // Bit j set when element e0 + j survives dropout (element index = linear index in the output).
 template <int VEC>
 __device__ __forceinline__ uint32_t keep_bits(const PhiloxKey& key, uint32_t threshold, int64_t e0) {
+  constexpr int kRuns = kDropoutDrawsPerBlock / VEC;  // vectors per Philox block
+  if constexpr (VEC > 1 && kRuns * VEC == kDropoutDrawsPerBlock) {
+    if (e0 % VEC == 0) {
+      // The vector lies in one Philox block (always, on vectorized rows): one call, and each
+      // element's half-word picked at compile time (for_each_keep picks it at run time, several
+      // selects an element). draw >= threshold is compared in the high half-word: the low
+      // half-word shifted up, the high one as it is.
+      const uint4 block = philox4x32_10(static_cast<uint64_t>(e0) / kDropoutDrawsPerBlock, key);
+      const uint32_t words[4] = {block.x, block.y, block.z, block.w};
+      const int run = static_cast<int>(e0 % kDropoutDrawsPerBlock) / VEC;
+      const uint32_t high_threshold = threshold << 16;  // threshold < 65536: p < 1
+      uint32_t bits = 0;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        uint32_t word = words[j / 2];
+#pragma unroll
+        for (int r = 1; r < kRuns; ++r) word = run == r ? words[(r * VEC + j) / 2] : word;
+        bits |= uint32_t(((j & 1) ? word : word << 16) >= high_threshold) << j;
+      }
+      return bits;
+    }
+  }
   uint32_t bits = 0;
   for_each_keep<VEC>(key, threshold, e0, [&](int j, bool keep) { bits |= uint32_t(keep) << j; });
   return bits;
@@ -328,6 +471,7 @@ template <typename T> struct ForwardArgs {
   int64_t* rng_state;
   int64_t q_len;
   MaskLayout mask;
+  RowLocator locator;
   bool causal, dropout;
   uint32_t threshold;
   acc_t<T> keep_scale;
@@ -347,6 +491,7 @@ template <typename T> struct BackwardArgs {
   const int64_t* rng_state;
   int64_t q_len;
   MaskLayout mask;
+  RowLocator locator;
   bool causal, dropout;
   uint32_t threshold;
   acc_t<T> keep_scale;
@@ -358,7 +503,7 @@ template <typename T, bool MASKED> struct ForwardRow {
   PhiloxKey key;
   __device__ ForwardRow(const ForwardArgs<T>& a, int64_t row) {
     if constexpr (MASKED) {
-      mask = mask_row<T>(a.mask, row, a.rows, a.q_len, a.causal);
+      mask = mask_row<T>(a.mask, a.locator, row, a.q_len, a.causal);
       if (a.dropout) key = unpack_philox(a.philox);
     }
   }
@@ -366,32 +511,31 @@ template <typename T, bool MASKED> struct ForwardRow {
     if constexpr (MASKED) return mask.hidden_from(c0);
     return false;
   }
-  template <int VEC> __device__ __forceinline__ MaskBytes<VEC> mask_bytes(int64_t c0, bool live) const {
-    if constexpr (MASKED) return mask.template load_bytes<VEC>(c0, live);
+  template <int VEC, bool kVectorMask = false>
+  __device__ __forceinline__ MaskBytes<VEC> mask_bytes(int64_t c0, bool live) const {
+    if constexpr (MASKED) return mask.template load_bytes<VEC, kVectorMask>(c0, live);
     return {};
   }
   // The VEC logits of x[c0 ...]: scaled, then masked (`bytes`: mask_bytes). Rounded products: an
   // FMA of the scaling into a later subtraction of the row max (taken over rounded products)
   // would be off by the product's rounding error, which is huge for huge logits.
-  template <int VEC>
+  template <int VEC, bool kVectorMask = false>
   __device__ __forceinline__ void logits(const ForwardArgs<T>& a, int64_t c0, const AlignedVector<T, VEC>& x,
                                          const MaskBytes<VEC>& bytes, acc_t<T> (&out)[VEC]) const {
+    widen(x, out);
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) out[j] = mul_rn(to_acc(x.val[j]), a.scale);
-    if constexpr (MASKED) mask.template apply<VEC>(c0, bytes, out);
+    for (int j = 0; j < VEC; ++j) out[j] = mul_rn(out[j], a.scale);
+    if constexpr (MASKED) mask.template apply<VEC, kVectorMask>(c0, bytes, out);
   }
   // Stores the outputs of columns c0 ... of `row` from their VEC logits, or with kExps (never
   // for log_softmax) from exp(logit - m) for some m, whose probabilities are exps * factor, or
   // with kShiftedLogs (log_softmax only) from logit - row max, whose log-probabilities are
   // values - factor (factor = stats.log_shift()).
+  // `keep`: the vector's dropout bits (keep()).
   template <int VEC, bool kExps = false, bool kShiftedLogs = false>
   __device__ __forceinline__ void store(const ForwardArgs<T>& a, int64_t row, int64_t c0, const acc_t<T> (&values)[VEC],
-                                        const RowStats<T>& stats, acc_t<T> factor = 0) const {
+                                        uint32_t keep, const RowStats<T>& stats, acc_t<T> factor = 0) const {
     AlignedVector<T, VEC> v;
-    uint32_t keep = ~0u;
-    if constexpr (MASKED) {
-      if (a.dropout) keep = keep_bits<VEC>(key, a.threshold, row * a.cols + c0);
-    }
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       acc_t<T> y;
@@ -408,6 +552,14 @@ template <typename T, bool MASKED> struct ForwardRow {
       v.val[j] = from_acc<T>(y);
     }
     store_vector<T, VEC>(a.out + row * a.cols + c0, v);
+  }
+  // Dropout bits of columns c0 ... of `row` (all kept without dropout).
+  template <int VEC>
+  __device__ __forceinline__ uint32_t keep(const ForwardArgs<T>& a, int64_t row, int64_t c0) const {
+    if constexpr (MASKED) {
+      if (a.dropout) return keep_bits<VEC>(key, a.threshold, row * a.cols + c0);
+    }
+    return ~0u;
   }
   __device__ __forceinline__ void finish(const ForwardArgs<T>& a, int64_t row, const RowStats<T>& stats) const {
     if constexpr (MASKED) {
@@ -431,7 +583,7 @@ template <typename T, bool MASKED> struct BackwardRow {
   acc_t<T> lse;
   __device__ BackwardRow(const BackwardArgs<T>& a, int64_t row, bool valid) {
     if constexpr (MASKED) {
-      mask = mask_row<T>(a.mask, row, a.rows, a.q_len, a.causal);
+      mask = mask_row<T>(a.mask, a.locator, row, a.q_len, a.causal);
       lse = valid ? a.lse[row] : pos_inf<acc_t<T>>();
       if (a.dropout) key = {static_cast<uint64_t>(a.rng_state[0]), static_cast<uint64_t>(a.rng_state[1])};
     }
@@ -448,29 +600,25 @@ template <typename T, bool MASKED> struct BackwardRow {
     }
     return ~0u;
   }
-  template <int VEC> __device__ __forceinline__ MaskBytes<VEC> mask_bytes(int64_t c0, bool live) const {
-    if constexpr (MASKED) return mask.template load_bytes<VEC>(c0, live);
+  template <int VEC, bool kVectorMask = false>
+  __device__ __forceinline__ MaskBytes<VEC> mask_bytes(int64_t c0, bool live) const {
+    if constexpr (MASKED) return mask.template load_bytes<VEC, kVectorMask>(c0, live);
     return {};
   }
-  template <int VEC>
+  template <int VEC, bool kVectorMask = false>
   __device__ __forceinline__ void prepare(const BackwardArgs<T>& a, int64_t c0, const AlignedVector<T, VEC>& va,
                                           const AlignedVector<T, VEC>& vdy, const MaskBytes<VEC>& bytes,
                                           uint32_t keep, acc_t<T> (&y)[VEC], acc_t<T> (&g)[VEC]) const {
+    widen(va, y);
+    widen(vdy, g);
     if constexpr (MASKED) {
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) y[j] = mul_rn(to_acc(va.val[j]), a.scale);  // as the forward's logits
-      mask.template apply<VEC>(c0, bytes, y);
+      for (int j = 0; j < VEC; ++j) y[j] = mul_rn(y[j], a.scale);  // as the forward's logits
+      mask.template apply<VEC, kVectorMask>(c0, bytes, y);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         y[j] = exp_acc<T>(y[j] - lse);
-        const acc_t<T> dy = to_acc(vdy.val[j]);
-        g[j] = a.dropout ? ((keep >> j) & 1u ? dy * a.keep_scale : acc_t<T>(0)) : dy;
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        y[j] = to_acc(va.val[j]);
-        g[j] = to_acc(vdy.val[j]);
+        if (a.dropout) g[j] = (keep >> j) & 1u ? g[j] * a.keep_scale : acc_t<T>(0);
       }
     }
   }
@@ -593,7 +741,22 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
         const int c0 = slice.column(i);
         const bool live = valid && c0 < cols && !ctx.hidden_from(c0);
         cur[i] = load_live<T, VEC>(live, x + c0);
-        bytes[i] = ctx.template mask_bytes<VEC>(c0, live);
+        bytes[i] = ctx.template mask_bytes<VEC, true>(c0, live);
+      }
+    }
+    // Dropout bits of the thread's vectors (vector i at bit i * VEC), drawn while the loads are
+    // in flight and held in one register: drawn at the stores, Philox's temporaries were live
+    // beside every kept exp (spills at 32 elements a thread). Hidden vectors store zeros anyway.
+    static_assert(!MASKED || ITEMS * VEC <= 32, "one bit per element of a thread in one word");
+    uint32_t keep = ~0u;
+    if constexpr (MASKED) {
+      if (a.dropout) {
+        keep = 0;
+#pragma unroll
+        for (int i = 0; i < ITEMS; ++i) {
+          const int c0 = slice.column(i);
+          if (valid && c0 < cols && !ctx.hidden_from(c0)) keep |= ctx.template keep<VEC>(a, row, c0) << (i * VEC);
+        }
       }
     }
     // The thread's logits (-inf outside the row) and their max. Masked rows branch around the
@@ -610,11 +773,13 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
         for (int j = 0; j < VEC; ++j) values[i][j] = neg_inf<A>();
         continue;
       }
-      ctx.template logits<VEC>(a, c0, cur[i], bytes[i], values[i]);
+      ctx.template logits<VEC, true>(a, c0, cur[i], bytes[i], values[i]);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         if (kBranchless && !live) values[i][j] = neg_inf<A>();
-        thread_max = nan_max(thread_max, values[i][j]);
+        // One instruction where nan_max takes three. A single group need not carry a NaN in
+        // the max: a NaN logit makes the sum, and so the whole row, NaN all the same.
+        thread_max = kOnePass ? nan_max(thread_max, values[i][j]) : max(thread_max, values[i][j]);
       }
     }
     if constexpr (PERSISTENT && !kPrefetch) {
@@ -656,7 +821,7 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
     } else {
       total.sum = group_reduce<G>(sum, SumOp{}, A(0), scratch);
     }
-    const RowStats<T> stats(total.max, total.sum, MASKED || a.log);
+    const RowStats<T> stats(total.max, total.sum, a.log);
     // exp(logit - shift) * factor = exp(logit - row max) / row sum
     A factor = stats.inv_sum;
     if constexpr (kShiftedLogs) {
@@ -668,11 +833,11 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
       const int c0 = slice.column(i);
       if (valid && c0 < cols) {
         if (keep_exps) {
-          ctx.template store<VEC, true>(a, row, c0, values[i], stats, factor);
+          ctx.template store<VEC, true>(a, row, c0, values[i], keep >> (i * VEC), stats, factor);
         } else if constexpr (kShiftedLogs) {
-          ctx.template store<VEC, false, true>(a, row, c0, values[i], stats, factor);
+          ctx.template store<VEC, false, true>(a, row, c0, values[i], keep >> (i * VEC), stats, factor);
         } else {
-          ctx.template store<VEC, false>(a, row, c0, values[i], stats);
+          ctx.template store<VEC, false>(a, row, c0, values[i], keep >> (i * VEC), stats);
         }
       }
     }
@@ -745,7 +910,7 @@ __global__ void __launch_bounds__(block_threads(G)) register_backward_kernel(Bac
         const bool live = valid && c0 < cols && !ctx.hidden_from(c0);
         cur_a[i] = load_live<T, VEC>(live, src_a + c0);
         cur_dy[i] = load_live<T, VEC>(live, src_dy + c0);
-        bytes[i] = ctx.template mask_bytes<VEC>(c0, live);
+        bytes[i] = ctx.template mask_bytes<VEC, true>(c0, live);
       }
     }
     // (y, g) of every vector; 0 outside the row and where hidden, so dx = 0 there (plain rows
@@ -763,8 +928,8 @@ __global__ void __launch_bounds__(block_threads(G)) register_backward_kernel(Bac
         for (int j = 0; j < VEC; ++j) y[i][j] = g[i][j] = A(0);
         continue;
       }
-      ctx.template prepare<VEC>(a, c0, cur_a[i], cur_dy[i], bytes[i], ctx.template keep<VEC>(a, row, c0), y[i],
-                                g[i]);
+      ctx.template prepare<VEC, true>(a, c0, cur_a[i], cur_dy[i], bytes[i], ctx.template keep<VEC>(a, row, c0),
+                                      y[i], g[i]);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) sum += ctx.partial(a, y[i][j], g[i][j]);
     }
@@ -784,7 +949,7 @@ __global__ void __launch_bounds__(block_threads(G)) register_backward_kernel(Bac
 #pragma unroll
           for (int j = 0; j < VEC; ++j) v.val[j] = from_acc<T>(A(0));
         } else {
-          if constexpr (kRemake) ctx.template prepare<VEC>(a, c0, cur_a[i], cur_dy[i], bytes[i], ~0u, y[i], g[i]);
+          if constexpr (kRemake) ctx.template prepare<VEC, true>(a, c0, cur_a[i], cur_dy[i], bytes[i], ~0u, y[i], g[i]);
 #pragma unroll
           for (int j = 0; j < VEC; ++j) v.val[j] = from_acc<T>(ctx.grad(a, y[i][j], g[i][j], sum));
         }
@@ -855,11 +1020,11 @@ __global__ void __launch_bounds__(block_threads(G)) streamed_forward_kernel(Forw
     const A row_max = group_reduce<G>(max, MaxOp{}, neg_inf<A>(), scratch);
     sum = max == neg_inf<A>() ? A(0) : sum * exp_acc<T>(max - row_max);
     sum = group_reduce<G>(sum, SumOp{}, A(0), scratch);
-    const RowStats<T> stats(row_max, sum, MASKED || a.log);
+    const RowStats<T> stats(row_max, sum, a.log);
     stream_row<G, VEC, CACHE, false>(x, cache, cols, [&](int64_t c0, const AlignedVector<T, VEC>& v) {
       A logits[VEC];
       ctx.template logits<VEC>(a, c0, v, ctx.template mask_bytes<VEC>(c0, true), logits);
-      ctx.template store<VEC>(a, row, c0, logits, stats);
+      ctx.template store<VEC>(a, row, c0, logits, ctx.template keep<VEC>(a, row, c0), stats);
     });
     if (valid && Cursor::lane() == 0) ctx.finish(a, row, stats);
   }
@@ -1413,9 +1578,10 @@ template <typename T> int staged_vecs(int64_t cols, int tensors, int& cluster) {
 }
 
 // per_thread: elements a thread keeps in registers on register and cluster rows. `masked`
-// rows take cluster rows where unmasked ones take staged rows.
+// rows take cluster rows where unmasked ones take staged rows, and streamed rows unless their
+// mask is a vector mask (vector_mask).
 template <typename T>
-Plan make_plan(int64_t cols, bool aligned, int tensors, int per_thread, bool masked) {
+Plan make_plan(int64_t cols, bool aligned, int tensors, int per_thread, bool masked, bool vector_mask = true) {
   constexpr int kVec = kVec16<T>;
   Plan plan{false, 32, 0, 1, 0, false, false, 0, 0};
   plan.vectorized = aligned && cols % kVec == 0 && !std::is_same<T, double>::value;
@@ -1425,7 +1591,11 @@ Plan make_plan(int64_t cols, bool aligned, int tensors, int per_thread, bool mas
   }
   const int items = per_thread / kVec;
   const bool clusters = device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
-  if (cols <= int64_t(per_thread) * (clusters ? kClusterThreads : 1024)) {
+  if (!vector_mask && cols <= 1024) {  // a warp per row, element by element
+    plan.vectorized = false;
+    return plan;
+  }
+  if (vector_mask && cols <= int64_t(per_thread) * (clusters ? kClusterThreads : 1024)) {
     const int64_t threads = (cols + per_thread - 1) / per_thread;
     int group = 4;
     while (group < threads) group *= 2;
@@ -1440,7 +1610,7 @@ Plan make_plan(int64_t cols, bool aligned, int tensors, int per_thread, bool mas
   if (!plan.cache) plan.cache_bytes = 0;
   if (clusters && !masked) {
     plan.staged_vecs = staged_vecs<T>(cols, tensors, plan.cluster);
-  } else if (clusters && cols <= int64_t(per_thread) * kWideClusterThreads * kMaxCluster) {
+  } else if (clusters && vector_mask && cols <= int64_t(per_thread) * kWideClusterThreads * kMaxCluster) {
     plan.cluster_threads =
         cols <= int64_t(per_thread) * kClusterThreads * kMaxCluster ? kClusterThreads : kWideClusterThreads;
     const int64_t per_block = int64_t(per_thread) * plan.cluster_threads;
@@ -1671,6 +1841,18 @@ bool rows_aligned(const void* ptr, int64_t row_stride, int elem_bytes) {
   return is_aligned(ptr, 16) && (row_stride * elem_bytes) % 16 == 0;
 }
 
+// Whether the mask reads as one bit per column from vectors of `vec` bool bytes (or there is
+// none: causal only), as register and cluster rows read it: contiguous along the row, and every
+// row's mask starting `vec`-aligned. Additive and other bool masks take streamed rows.
+bool vector_mask(const MaskLayout& m, int vec) {
+  if (m.kind == MaskKind::None) return true;
+  if (m.kind != MaskKind::Bool || m.col_stride != 1 || !is_aligned(m.data, vec)) return false;
+  for (int d = 0; d < kMaxLeadDims; ++d) {
+    if (m.lead_sizes[d] > 1 && m.lead_strides[d] % vec != 0) return false;
+  }
+  return true;
+}
+
 // Vectors of mask elements are read one by one, so the mask never limits vectorization.
 template <typename T>
 ForwardArgs<T> forward_args(const void* x, void* out, int64_t rows, int64_t cols, int64_t x_row_stride, double scale,
@@ -1735,14 +1917,16 @@ cudaError_t launch_masked_softmax_fwd(const MaskedSoftmaxParams& p, DType dtype,
     args.rng_state = p.rng_state;
     args.q_len = p.q_len;
     args.mask = p.mask;
+    args.locator = row_locator(p.mask, p.rows, p.q_len);
     args.causal = p.causal;
     args.dropout = p.dropout;
     args.threshold = dropout_threshold(p.p);
     args.keep_scale = static_cast<acc_t<T>>(1.0 / (1.0 - p.p));
     args.philox = p.philox;
     const bool aligned = rows_aligned(p.x, p.x_row_stride, sizeof(T)) && is_aligned(p.out, 16);
-    const Plan plan = make_plan<T>(p.cols, aligned, 1, kRegisterElems, true);
-    return dispatch_plan<T, kRegisterElems>(plan, ForwardLaunch<T, true>{args, plan, stream});
+    const Plan plan =
+        make_plan<T>(p.cols, aligned, 1, kMaskedForwardRegisterElems<T>, true, vector_mask(p.mask, kVec16<T>));
+    return dispatch_plan<T, kMaskedForwardRegisterElems<T>>(plan, ForwardLaunch<T, true>{args, plan, stream});
   });
 }
 
@@ -1754,13 +1938,14 @@ cudaError_t launch_masked_softmax_bwd(const MaskedSoftmaxBackwardParams& p, DTyp
     args.rng_state = p.rng_state;
     args.q_len = p.q_len;
     args.mask = p.mask;
+    args.locator = row_locator(p.mask, p.rows, p.q_len);
     args.causal = p.causal;
     args.dropout = p.dropout;
     args.threshold = dropout_threshold(p.p);
     args.keep_scale = static_cast<acc_t<T>>(1.0 / (1.0 - p.p));
     const bool aligned = rows_aligned(p.x, p.x_row_stride, sizeof(T)) &&
                          rows_aligned(p.dy, p.dy_row_stride, sizeof(T)) && is_aligned(p.dx, 16);
-    const Plan plan = make_plan<T>(p.cols, aligned, 2, kRegisterElems, true);
+    const Plan plan = make_plan<T>(p.cols, aligned, 2, kRegisterElems, true, vector_mask(p.mask, kVec16<T>));
     return dispatch_plan<T, kRegisterElems>(plan, BackwardLaunch<T, true>{args, plan, stream});
   });
 }
