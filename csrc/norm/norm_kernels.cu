@@ -38,6 +38,9 @@ constexpr int kFwdDataGridMaxChunks = 2048;
 // 512 threads) on each grid: more bytes in flight a thread vs more threads a row.
 constexpr int kFwdDataGridChunks = 4;
 constexpr int kFwdPersistentChunks = 2;
+// Forward rows without prefetch: grid of the blocks that fit at once, each looping over rows
+// (per-thread setup and held columns paid once) vs one block per row group.
+constexpr bool kFwdResidentGrid = true;
 // Backward block rows up to this many chunks (LayerNorm / RMSNorm; at most 1024) run one chunk a
 // thread with the column sums in registers (no shared-memory traffic); longer ones the shared-sums
 // kernel (several chunks a thread, column sums in shared memory: more bytes in flight per SM).
@@ -349,14 +352,20 @@ __device__ __forceinline__ void load_fwd_row(const NormFwdParams& p, int64_t row
 
 // Forward, row held in registers (raw); blocks stride over rows. With PREFETCH (a persistent
 // grid) the group's next row is loaded before the current one is reduced (two raw copies of a row
-// per thread); without it (a data-sized grid) each row is loaded when it starts. Weight and bias
-// are read at the write, per row (they stay in L1). MAX_THREADS: the launch bound (registers per
-// thread), without a minimum of blocks: ptxas picks the occupancy.
+// per thread); without it each row is loaded when it starts. Weight and bias are read at the
+// write, per row.
+// MAX_THREADS: the launch bound (registers per thread), without a minimum of blocks: ptxas picks
+// the occupancy.
 template <typename T, typename W, bool RMS, bool ADD, bool WARP_ROWS, int VEC, int VPT, bool PREFETCH,
           int MAX_THREADS>
 __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdParams p) {
   using A = acc_t<T>;
   using Row = Chunks<T, VEC, VPT>;
+  // x - mean is computed once for every element (also past the row's end, so that the output can
+  // reuse it) and kept in the accumulation type for the variance and the output, except with two
+  // raw rows of 64 elements a thread (prefetch), where it would spill: the output then unpacks
+  // and subtracts again from the raw row.
+  constexpr bool kRecenterEachPass = PREFETCH && VPT * VEC > 32;
   __shared__ A scratch[32];
   const RowGroup<WARP_ROWS> group;
   const int cols = static_cast<int>(p.cols);
@@ -391,35 +400,42 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdPara
 #pragma unroll
       for (int j = 0; j < VEC; ++j) sum += x.get(k, j);
     const A mean = RMS ? A(0) : group.sum(sum, scratch) * inv_cols;
-    forget_values(x);
+    if constexpr (kRecenterEachPass) forget_values(x);
+    A centered[VPT][VEC];
     A squares = 0;
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
+      if constexpr (!kRecenterEachPass) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) centered[k][j] = x.get(k, j) - mean;
+      }
       if ((k * group.size + group.lane) * VEC < cols) {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const A d = x.get(k, j) - mean;
-          squares += d * d;
+          const A c = kRecenterEachPass ? x.get(k, j) - mean : centered[k][j];
+          squares += c * c;
         }
       }
     }
     const A rstd = inv_sqrt(group.sum(squares, scratch) * inv_cols + A(p.eps));
     if (!valid) continue;
-    forget_values(x);
+    if constexpr (kRecenterEachPass) forget_values(x);
     if (group.lane == 0) store_stats(p, row, mean, rstd, RMS);
     T* out_row = static_cast<T*>(p.out) + row * p.cols;
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
       const int col = (k * group.size + group.lane) * VEC;
       if (col >= cols) continue;
-      // Raw (W-typed) weight and bias: the compiler hoists these loads, converted they would
-      // cost twice the registers for 16-bit W.
+      // Raw (W-typed) weight and bias, read per row (L1 hits): held across rows or converted they
+      // would cost registers (occupancy) in every kernel that is not already limited by them.
       const auto w = column_chunk<W, VEC>(p.weight, col, ones);
       const auto b = column_chunk<W, VEC>(p.bias, col, zeros);
       AlignedVector<T, VEC> out;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j)
-        out.val[j] = from_acc<T>((x.get(k, j) - mean) * rstd * w.get(0, j) + b.get(0, j));
+      for (int j = 0; j < VEC; ++j) {
+        const A c = kRecenterEachPass ? x.get(k, j) - mean : centered[k][j];
+        out.val[j] = from_acc<T>(c * rstd * w.get(0, j) + b.get(0, j));
+      }
       store_vector<T, VEC>(out_row + col, out);
     }
   }
@@ -839,7 +855,7 @@ struct FwdLaunch {
   FwdKernel kernel;
   int threads;
   int groups;       // row groups per block
-  bool persistent;  // else one block per row group
+  bool resident;  // a grid of the blocks that fit at once, each looping over rows; else one block per row group
 };
 
 // Block rows from VPT chunks per thread, doubled (up to 8) while the row needs more than
@@ -855,7 +871,7 @@ FwdLaunch block_rows_launch(int64_t chunks) {
   if (chunks > int64_t(kBlockRowsThreads) * VPT) return {norm_fwd_streaming_kernel<T, W, RMS, VEC>, kMaxThreads, 1, false};
   constexpr bool kPrefetch = PERSISTENT && !(ADD && VPT == 8);
   return {norm_fwd_kernel<T, W, RMS, ADD, false, VEC, VPT, kPrefetch, kBlockRowsThreads>,
-          threads_for((chunks + VPT - 1) / VPT), 1, kPrefetch};
+          threads_for((chunks + VPT - 1) / VPT), 1, kPrefetch || kFwdResidentGrid};
 }
 
 // Register rows: a warp per row (4 rows per block) with 1 or 2 chunks per thread up to 64 chunks,
@@ -863,14 +879,15 @@ FwdLaunch block_rows_launch(int64_t chunks) {
 template <typename T, typename W, bool RMS, bool ADD, int VEC>
 cudaError_t launch_fwd_with(const NormFwdParams& p, cudaStream_t stream) {
   constexpr bool kWarpPrefetch = kFwdWarpRowsPersistent;
+  constexpr bool kWarpResident = kWarpPrefetch || kFwdResidentGrid;
   const int64_t chunks = (p.cols + VEC - 1) / VEC;
   FwdLaunch launch;
   if (chunks <= 32) {
     launch = {norm_fwd_kernel<T, W, RMS, ADD, true, VEC, 1, kWarpPrefetch, kWarpRowsThreads>, kWarpRowsThreads,
-              kWarpRowsGroups, kWarpPrefetch};
+              kWarpRowsGroups, kWarpResident};
   } else if (chunks <= 64) {
     launch = {norm_fwd_kernel<T, W, RMS, ADD, true, VEC, 2, kWarpPrefetch, kWarpRowsThreads>, kWarpRowsThreads,
-              kWarpRowsGroups, kWarpPrefetch};
+              kWarpRowsGroups, kWarpResident};
   } else if (chunks <= kFwdDataGridMaxChunks) {
     launch = block_rows_launch<T, W, RMS, ADD, VEC, kFwdDataGridChunks, false, kFwdDataGridMaxChunks>(chunks);
   } else {
@@ -878,7 +895,7 @@ cudaError_t launch_fwd_with(const NormFwdParams& p, cudaStream_t stream) {
   }
   // Rows past the grid are taken by the kernels' grid-stride loops.
   const int64_t row_groups = std::min<int64_t>((p.rows + launch.groups - 1) / launch.groups, int64_t(1) << 30);
-  const int64_t blocks = launch.persistent
+  const int64_t blocks = launch.resident
                              ? persistent_blocks(launch.kernel, launch.threads, 0, device_limits().sms, row_groups)
                              : row_groups;
   launch.kernel<<<static_cast<unsigned>(blocks), launch.threads, 0, stream>>>(p);
