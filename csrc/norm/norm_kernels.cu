@@ -46,6 +46,12 @@ constexpr bool kFwdResidentGrid = true;
 // kernel (several chunks a thread, column sums in shared memory: more bytes in flight per SM).
 constexpr int kLnBwdRegisterSumsMaxChunks = 1024;
 constexpr int kRmsBwdRegisterSumsMaxChunks = 1024;
+// Register-sums backward, chunks per thread (1 or 2; LayerNorm / RMSNorm): 2 halves the threads a
+// row, so each thread's per-row work that does not scale with its elements (the row reductions,
+// the row's statistics, addresses, the software-pipeline moves) is spread over twice the
+// elements, at twice the registers for the column sums and the rows (512 threads a block at most).
+constexpr int kLnBwdRegisterSumsChunks = 2;
+constexpr int kRmsBwdRegisterSumsChunks = 2;
 // Shared-sums backward, chunks per thread (2 or 4; 2 doubles to 4 past 1024 chunks): fewer
 // registers a thread (more threads) vs more bytes in flight a thread.
 constexpr int kBwdSharedSumsChunks = 4;
@@ -53,6 +59,8 @@ constexpr int kBwdSharedSumsChunks = 4;
 static_assert(kFwdDataGridChunks == 2 || kFwdDataGridChunks == 4 || kFwdDataGridChunks == 8);
 static_assert(kFwdPersistentChunks == 2 || kFwdPersistentChunks == 4 || kFwdPersistentChunks == 8);
 static_assert(kLnBwdRegisterSumsMaxChunks <= 1024 && kRmsBwdRegisterSumsMaxChunks <= 1024);
+static_assert(kLnBwdRegisterSumsChunks == 1 || kLnBwdRegisterSumsChunks == 2);
+static_assert(kRmsBwdRegisterSumsChunks == 1 || kRmsBwdRegisterSumsChunks == 2);
 static_assert(kBwdSharedSumsChunks == 2 || kBwdSharedSumsChunks == 4);
 
 constexpr int kMaxThreads = 1024;
@@ -291,10 +299,20 @@ __device__ __forceinline__ Chunks<W, VEC, 1> column_chunk(const void* ptr, int c
   return c;
 }
 
+// ptr, opaque to the compiler: a row's start is then computed once per row, and each chunk's
+// address is one add to it, instead of the row offset's 64-bit multiply-add being folded into
+// every chunk's address (about 6 instructions a chunk).
+template <typename P>
+__device__ __forceinline__ P* row_start(P* ptr) {
+  asm("" : "+l"(ptr));
+  return ptr;
+}
+
 // This thread's chunks of the row at row_ptr; zeros for an invalid row and past the row's end.
 template <typename T, int VEC, int VPT, bool WARP_ROWS>
 __device__ __forceinline__ void load_chunks(const T* row_ptr, bool valid, const RowGroup<WARP_ROWS>& group, int cols,
                                             Chunks<T, VEC, VPT>& c) {
+  row_ptr = row_start(row_ptr);
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
     const int col = (k * group.size + group.lane) * VEC;
@@ -383,6 +401,7 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdPara
     const bool valid = row < p.rows;
     Row x = next_x;
     if constexpr (ADD) {
+      T* residual_out_row = row_start(static_cast<T*>(p.residual_out) + row * p.cols);
 #pragma unroll
       for (int k = 0; k < VPT; ++k) {
         AlignedVector<T, VEC> rounded;
@@ -390,7 +409,7 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdPara
         for (int j = 0; j < VEC; ++j) rounded.val[j] = from_acc<T>(x.get(k, j) + next_residual.get(k, j));
         x.set(k, rounded);
         const int col = (k * group.size + group.lane) * VEC;
-        if (valid && col < cols) store_vector<T, VEC>(static_cast<T*>(p.residual_out) + row * p.cols + col, rounded);
+        if (valid && col < cols) store_vector<T, VEC>(residual_out_row + col, rounded);
       }
     }
     if constexpr (PREFETCH) load_fwd_row<ADD>(p, row + walk.step, group, cols, next_x, next_residual);
@@ -421,7 +440,7 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdPara
     if (!valid) continue;
     if constexpr (kRecenterEachPass) forget_values(x);
     if (group.lane == 0) store_stats(p, row, mean, rstd, RMS);
-    T* out_row = static_cast<T*>(p.out) + row * p.cols;
+    T* out_row = row_start(static_cast<T*>(p.out) + row * p.cols);
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
       const int col = (k * group.size + group.lane) * VEC;
@@ -591,7 +610,7 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_bwd_kernel(const NormBwdPara
     A mean_g, mean_gx;
     row_means<RMS>(group, sum_g, sum_gx, inv_cols, scratch, mean_g, mean_gx);
     if (!valid) continue;
-    T* dx_row = static_cast<T*>(p.dx) + row * p.cols;
+    T* dx_row = row_start(static_cast<T*>(p.dx) + row * p.cols);
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
       const int col = (k * group.size + group.lane) * VEC;
@@ -685,7 +704,7 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_bwd_shared_sums_kernel(const
     row_means<RMS>(group, sum_g, sum_gx, inv_cols, scratch, mean_g, mean_gx);
     forget_values(now.x);
     forget_values(now.dy);
-    T* dx_row = static_cast<T*>(p.dx) + row * p.cols;
+    T* dx_row = row_start(static_cast<T*>(p.dx) + row * p.cols);
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
       const int col = lane_col + offset[k];
@@ -926,8 +945,9 @@ struct BwdPlan {
   bool bias_from_dy;  // dbias summed over dy's columns after the kernel, not by it
 };
 
-// Register rows: a warp per row (4 rows per block) up to 32 chunks, else a block per row with one
-// chunk per thread (column sums in registers) up to k{Ln,Rms}BwdRegisterSumsMaxChunks, then
+// Register rows: a warp per row (4 rows per block) up to 32 chunks, else a block per row with
+// k{Ln,Rms}BwdRegisterSumsChunks chunks per thread (column sums in registers) up to
+// k{Ln,Rms}BwdRegisterSumsMaxChunks, then
 // kBwdSharedSumsChunks (doubled to 4 past 1024 chunks) chunks per thread of at most 512 threads
 // with the column sums in shared memory up to 2048 chunks when the sums fit; longer rows stream.
 // Persistent grid, at most one block per row group.
@@ -945,8 +965,9 @@ BwdPlan plan_bwd_with(const NormBwdParams& p) {
     plan.kernel = norm_bwd_kernel<T, W, RMS, true, VEC, 1, kWarpRowsThreads>;
     plan.threads = kWarpRowsThreads, groups = kWarpRowsGroups;
   } else if (chunks <= kRegisterSumsMaxChunks) {
-    plan.kernel = norm_bwd_kernel<T, W, RMS, false, VEC, 1, kMaxThreads>;
-    plan.threads = threads_for(chunks);
+    constexpr int kChunks = RMS ? kRmsBwdRegisterSumsChunks : kLnBwdRegisterSumsChunks;
+    plan.kernel = norm_bwd_kernel<T, W, RMS, false, VEC, kChunks, kChunks == 1 ? kMaxThreads : kBlockRowsThreads>;
+    plan.threads = threads_for((chunks + kChunks - 1) / kChunks);
   } else {
     const int64_t static_bytes = 2 * 32 * sizeof(A);
     int64_t sums_bytes = ((p.dweight != nullptr) + (p.dbias != nullptr)) * p.cols * int64_t(sizeof(A));
