@@ -5,8 +5,8 @@
 // (k * group_size + lane) * VEC for k < VPT, so each load instruction of a warp is coalesced and
 // a thread always owns the same columns (which keeps the backward's column sums in registers).
 // Rows that fit (VPT chunks per thread) stay in registers between the reduction and the
-// write, on a persistent grid that loads each group's next row while it works on the current one
-// (see "register rows" below); longer rows go to a streaming kernel that re-reads them (from L2).
+// write, on a grid of the blocks that fit at once (see "register rows" below); longer rows go to a
+// streaming kernel that re-reads them (from L2).
 // Statistics: mean first, then the sum of squared deviations from it (two passes in registers,
 // accurate for rows with a large mean), all in fp32 (fp64 for fp64 input).
 #include <algorithm>
@@ -23,23 +23,23 @@ namespace fusedops {
 namespace {
 
 // ---- tuning knobs (one per line so that a benchmark can flip them with sed) ----------------------
-// Sizes in 16-byte chunks (8 bf16 elements). "Persistent" grids hold as many blocks as fit and
-// load each row group's next row while working on the current one (two raw copies of a row per
-// thread); "data-sized" grids run one row group per block, each row loaded when it starts (half
-// the registers: more threads resident, no loop). The values are the best of six knob sets timed
-// side by side on the H200 (bench/lessons/2026-11-29-session3-notes.md): data-sized grids with 4
-// chunks a thread for every forward row up to 16384 bf16, the register-sums backward up to 8192.
-// Forward warp rows (<= 64 chunks): persistent (two rows in flight a warp) vs data-sized grid.
-constexpr bool kFwdWarpRowsPersistent = false;
-// Forward block rows up to this many chunks run on a data-sized grid, longer ones on a persistent
-// grid (0: all persistent).
-constexpr int kFwdDataGridMaxChunks = 2048;
+// Sizes in 16-byte chunks (8 bf16 elements). "Prefetching" kernels run on a grid of as many
+// blocks as fit and load each row group's next row while working on the current one (two raw
+// copies of a row per thread); "one-row" kernels load each row when it starts (half the
+// registers: more threads resident). The values were the best of six knob sets timed side by side
+// on the H200 (bench/lessons/2026-11-29-session3-notes.md), before the forward kept x - mean in
+// registers and computed row starts once, and before the two-chunk register-sums backward.
+// Forward warp rows (<= 64 chunks): prefetching (two rows in flight a warp) vs one-row.
+constexpr bool kFwdWarpRowsPrefetch = false;
+// Forward block rows up to this many chunks run one-row kernels, longer ones prefetch (0: all
+// prefetch).
+constexpr int kFwdOneRowMaxChunks = 2048;
 // Forward block rows, chunks per thread (2, 4 or 8; doubled up to 8 while the row needs more than
-// 512 threads) on each grid: more bytes in flight a thread vs more threads a row.
-constexpr int kFwdDataGridChunks = 4;
-constexpr int kFwdPersistentChunks = 2;
-// Forward rows without prefetch: grid of the blocks that fit at once, each looping over rows
-// (per-thread setup and held columns paid once) vs one block per row group.
+// 512 threads) of each kind: more bytes in flight a thread vs more threads a row.
+constexpr int kFwdOneRowChunks = 4;
+constexpr int kFwdPrefetchChunks = 2;
+// One-row forward grid: the blocks that fit at once, each looping over rows (the per-thread setup
+// paid once, no block launches per row) vs one block per row group.
 constexpr bool kFwdResidentGrid = true;
 // Backward block rows up to this many chunks (LayerNorm / RMSNorm; at most 1024) run one chunk a
 // thread with the column sums in registers (no shared-memory traffic); longer ones the shared-sums
@@ -56,8 +56,8 @@ constexpr int kRmsBwdRegisterSumsChunks = 2;
 // registers a thread (more threads) vs more bytes in flight a thread.
 constexpr int kBwdSharedSumsChunks = 4;
 
-static_assert(kFwdDataGridChunks == 2 || kFwdDataGridChunks == 4 || kFwdDataGridChunks == 8);
-static_assert(kFwdPersistentChunks == 2 || kFwdPersistentChunks == 4 || kFwdPersistentChunks == 8);
+static_assert(kFwdOneRowChunks == 2 || kFwdOneRowChunks == 4 || kFwdOneRowChunks == 8);
+static_assert(kFwdPrefetchChunks == 2 || kFwdPrefetchChunks == 4 || kFwdPrefetchChunks == 8);
 static_assert(kLnBwdRegisterSumsMaxChunks <= 1024 && kRmsBwdRegisterSumsMaxChunks <= 1024);
 static_assert(kLnBwdRegisterSumsChunks == 1 || kLnBwdRegisterSumsChunks == 2);
 static_assert(kRmsBwdRegisterSumsChunks == 1 || kRmsBwdRegisterSumsChunks == 2);
@@ -368,8 +368,7 @@ __device__ __forceinline__ void load_fwd_row(const NormFwdParams& p, int64_t row
     load_chunks(static_cast<const T*>(p.residual) + row * p.residual_row_stride, valid, group, cols, residual);
 }
 
-// Forward, row held in registers (raw); blocks stride over rows. With PREFETCH (a persistent
-// grid) the group's next row is loaded before the current one is reduced (two raw copies of a row
+// Forward, row held in registers (raw); blocks stride over rows. With PREFETCH the group's next row is loaded before the current one is reduced (two raw copies of a row
 // per thread); without it each row is loaded when it starts. Weight and bias are read at the
 // write, per row.
 // MAX_THREADS: the launch bound (registers per thread), without a minimum of blocks: ptxas picks
@@ -874,21 +873,21 @@ struct FwdLaunch {
   FwdKernel kernel;
   int threads;
   int groups;       // row groups per block
-  bool resident;  // a grid of the blocks that fit at once, each looping over rows; else one block per row group
+  bool resident;    // the blocks that fit at once, each looping over rows; else one block per row group
 };
 
 // Block rows from VPT chunks per thread, doubled (up to 8) while the row needs more than
 // kBlockRowsThreads threads, or up to MAX_CHUNKS chunks (the longest row this chain is used
-// for); longer rows stream. PERSISTENT grids prefetch, except for the add_* variants at 8 chunks
-// per thread, which would spill (they also hold the residual) and run on a data-sized grid.
-template <typename T, typename W, bool RMS, bool ADD, int VEC, int VPT, bool PERSISTENT, int64_t MAX_CHUNKS>
+// for); longer rows stream. PREFETCH kernels are used except for the add_* variants at 8 chunks
+// per thread, which would spill (they also hold the residual) and load one row at a time.
+template <typename T, typename W, bool RMS, bool ADD, int VEC, int VPT, bool PREFETCH, int64_t MAX_CHUNKS>
 FwdLaunch block_rows_launch(int64_t chunks) {
   if constexpr (VPT < 8 && int64_t(kBlockRowsThreads) * VPT < MAX_CHUNKS) {
     if (chunks > int64_t(kBlockRowsThreads) * VPT)
-      return block_rows_launch<T, W, RMS, ADD, VEC, 2 * VPT, PERSISTENT, MAX_CHUNKS>(chunks);
+      return block_rows_launch<T, W, RMS, ADD, VEC, 2 * VPT, PREFETCH, MAX_CHUNKS>(chunks);
   }
   if (chunks > int64_t(kBlockRowsThreads) * VPT) return {norm_fwd_streaming_kernel<T, W, RMS, VEC>, kMaxThreads, 1, false};
-  constexpr bool kPrefetch = PERSISTENT && !(ADD && VPT == 8);
+  constexpr bool kPrefetch = PREFETCH && !(ADD && VPT == 8);
   return {norm_fwd_kernel<T, W, RMS, ADD, false, VEC, VPT, kPrefetch, kBlockRowsThreads>,
           threads_for((chunks + VPT - 1) / VPT), 1, kPrefetch || kFwdResidentGrid};
 }
@@ -897,20 +896,19 @@ FwdLaunch block_rows_launch(int64_t chunks) {
 // else a block per row (see the knobs); past 8 chunks per thread of 512 threads rows stream.
 template <typename T, typename W, bool RMS, bool ADD, int VEC>
 cudaError_t launch_fwd_with(const NormFwdParams& p, cudaStream_t stream) {
-  constexpr bool kWarpPrefetch = kFwdWarpRowsPersistent;
-  constexpr bool kWarpResident = kWarpPrefetch || kFwdResidentGrid;
+  constexpr bool kWarpPrefetch = kFwdWarpRowsPrefetch;
   const int64_t chunks = (p.cols + VEC - 1) / VEC;
   FwdLaunch launch;
   if (chunks <= 32) {
     launch = {norm_fwd_kernel<T, W, RMS, ADD, true, VEC, 1, kWarpPrefetch, kWarpRowsThreads>, kWarpRowsThreads,
-              kWarpRowsGroups, kWarpResident};
+              kWarpRowsGroups, kWarpPrefetch || kFwdResidentGrid};
   } else if (chunks <= 64) {
     launch = {norm_fwd_kernel<T, W, RMS, ADD, true, VEC, 2, kWarpPrefetch, kWarpRowsThreads>, kWarpRowsThreads,
-              kWarpRowsGroups, kWarpResident};
-  } else if (chunks <= kFwdDataGridMaxChunks) {
-    launch = block_rows_launch<T, W, RMS, ADD, VEC, kFwdDataGridChunks, false, kFwdDataGridMaxChunks>(chunks);
+              kWarpRowsGroups, kWarpPrefetch || kFwdResidentGrid};
+  } else if (chunks <= kFwdOneRowMaxChunks) {
+    launch = block_rows_launch<T, W, RMS, ADD, VEC, kFwdOneRowChunks, false, kFwdOneRowMaxChunks>(chunks);
   } else {
-    launch = block_rows_launch<T, W, RMS, ADD, VEC, kFwdPersistentChunks, true, int64_t(kBlockRowsThreads) * 8>(chunks);
+    launch = block_rows_launch<T, W, RMS, ADD, VEC, kFwdPrefetchChunks, true, int64_t(kBlockRowsThreads) * 8>(chunks);
   }
   // Rows past the grid are taken by the kernels' grid-stride loops.
   const int64_t row_groups = std::min<int64_t>((p.rows + launch.groups - 1) / launch.groups, int64_t(1) << 30);
