@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "../common/dispatch.cuh"
+#include "../common/occupancy.h"
 #include "../common/reduce.cuh"
 #include "../common/vec.cuh"
 #include "norm.h"
@@ -864,9 +865,8 @@ DeviceLimits device_limits() {
 // Persistent grid: as many blocks as fit on the device at once, at most `needed`.
 template <typename Kernel>
 int64_t persistent_blocks(Kernel kernel, int threads, int shared_bytes, int sms, int64_t needed) {
-  int per_sm = 1;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, shared_bytes) != cudaSuccess) per_sm = 1;
-  return std::max<int64_t>(1, std::min<int64_t>(needed, int64_t(sms) * std::max(per_sm, 1)));
+  const int per_sm = cached_blocks_per_sm(kernel, threads, static_cast<size_t>(shared_bytes));
+  return std::max<int64_t>(1, std::min<int64_t>(needed, int64_t(sms) * per_sm));
 }
 
 struct FwdLaunch {

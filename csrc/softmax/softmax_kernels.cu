@@ -35,6 +35,7 @@
 #include <cooperative_groups.h>
 
 #include "../common/dispatch.cuh"
+#include "../common/occupancy.h"
 #include "../common/philox.cuh"
 #include "../common/reduce.cuh"
 #include "../common/vec.cuh"
@@ -1461,11 +1462,7 @@ cudaError_t launch_streamed(Kernel kernel, const Args& args, const Plan& plan, i
                                                    static_cast<int>(plan.cache_bytes));
       if (err != cudaSuccess) return err;
     }
-    int per_sm = 1;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, plan.group, plan.cache_bytes) != cudaSuccess) {
-      cudaGetLastError();  // only a sizing hint: clear it and assume one block per SM
-      per_sm = 1;
-    }
+    const int per_sm = cached_blocks_per_sm(kernel, plan.group, plan.cache_bytes);
     const int sms = sm_count();
     // Without the cache the second pass re-reads the row: keep the rows in flight within L2.
     const int64_t fit = plan.cache ? per_sm : std::max<int64_t>(1, kL2InFlightBytes / (sms * std::max<int64_t>(row_bytes, 1)));
@@ -1482,14 +1479,7 @@ template <class Kernel, class Args>
 cudaError_t launch_register_rows(Kernel kernel, const Args& args, int group, bool persistent, cudaStream_t stream) {
   const int threads = block_threads(group);
   int64_t blocks = row_blocks(args.rows, group);
-  if (persistent) {
-    int per_sm = 1;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0) != cudaSuccess) {
-      cudaGetLastError();  // only a sizing hint: clear it and assume one block per SM
-      per_sm = 1;
-    }
-    blocks = std::min<int64_t>(blocks, int64_t(sm_count()) * std::max(per_sm, 1));
-  }
+  if (persistent) blocks = std::min<int64_t>(blocks, int64_t(sm_count()) * cached_blocks_per_sm(kernel, threads, 0));
   kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(args);
   return cudaGetLastError();
 }
@@ -1510,12 +1500,12 @@ cudaError_t launch_clusters(Kernel kernel, const Args& args, int cluster, int th
   config.stream = stream;
   config.attrs = &attribute;
   config.numAttrs = 1;
-  int active = 0;
-  if ((cluster > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) ||
-      cudaOccupancyMaxActiveClusters(&active, kernel, &config) != cudaSuccess || active == 0) {
-    cudaGetLastError();  // clear the query's error: the caller falls back
+  if (cluster > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+    cudaGetLastError();  // clear the error: the caller falls back
     return cudaErrorNotSupported;
   }
+  const int active = cached_active_clusters(kernel, config, cluster);
+  if (active == 0) return cudaErrorNotSupported;
   config.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(args.rows, active) * cluster));
   const cudaError_t err = cudaLaunchKernelEx(&config, kernel, args);
   return err != cudaSuccess ? err : cudaGetLastError();
@@ -1544,13 +1534,13 @@ cudaError_t launch_staged(Kernel kernel, const Args& args, int cluster, int tens
   config.stream = stream;
   config.attrs = &attribute;
   config.numAttrs = 1;
-  int active = 0;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess ||
-      (cluster > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) ||
-      cudaOccupancyMaxActiveClusters(&active, kernel, &config) != cudaSuccess || active == 0) {
-    cudaGetLastError();  // clear the query's error: the caller falls back
+      (cluster > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)) {
+    cudaGetLastError();  // clear the error: the caller falls back
     return cudaErrorNotSupported;
   }
+  const int active = cached_active_clusters(kernel, config, cluster);
+  if (active == 0) return cudaErrorNotSupported;
   config.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(args.rows, active) * cluster));
   const cudaError_t err = cudaLaunchKernelEx(&config, kernel, args, shape);
   return err != cudaSuccess ? err : cudaGetLastError();
