@@ -588,12 +588,9 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_bwd_kernel(const NormBwdPara
     load_bwd_row<RMS>(p, row + walk.step, group, cols, next);
     const bool valid = row < p.rows;
     Chunks<T, VEC, VPT> extra;  // the gradient reaching residual_out: needed only after the reduction
-    if (p.dresidual_out != nullptr) {
-      load_chunks(row_start(static_cast<const T*>(p.dresidual_out), row * p.dresidual_out_row_stride), valid, group, cols,
-                  extra);
-    } else {
-      fill_chunks(A(0), extra);
-    }
+    if (p.dresidual_out != nullptr)
+      load_chunks(row_start(static_cast<const T*>(p.dresidual_out), row * p.dresidual_out_row_stride), valid, group,
+                  cols, extra);
     A xhat[VPT][VEC], g[VPT][VEC];
     A sum_g = 0, sum_gx = 0;
 #pragma unroll
@@ -613,16 +610,27 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_bwd_kernel(const NormBwdPara
     row_means<RMS>(group, sum_g, sum_gx, inv_cols, scratch, mean_g, mean_gx);
     if (!valid) continue;
     T* dx_row = row_start(static_cast<T*>(p.dx), row * p.cols);
+    // One loop per case (uniform branch): adding a zero residual_out gradient would cost an add a
+    // element (x + 0 is not x for x = -0, so the compiler keeps it).
+    const auto write_dx = [&](auto with_extra) {
 #pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      const int col = (k * group.size + group.lane) * VEC;
-      if (col >= cols) continue;
-      AlignedVector<T, VEC> dx;
+      for (int k = 0; k < VPT; ++k) {
+        const int col = (k * group.size + group.lane) * VEC;
+        if (col >= cols) continue;
+        AlignedVector<T, VEC> dx;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j)
-        dx.val[j] =
-            from_acc<T>(now.rstd * (g[k][j] - mean_g - xhat[k][j] * mean_gx) + extra.get(k, j));
-      store_vector<T, VEC>(dx_row + col, dx);
+        for (int j = 0; j < VEC; ++j) {
+          A v = now.rstd * (g[k][j] - mean_g - xhat[k][j] * mean_gx);
+          if constexpr (decltype(with_extra)::value) v += extra.get(k, j);
+          dx.val[j] = from_acc<T>(v);
+        }
+        store_vector<T, VEC>(dx_row + col, dx);
+      }
+    };
+    if (p.dresidual_out != nullptr) {
+      write_dx(std::true_type{});
+    } else {
+      write_dx(std::false_type{});
     }
   }
   if (p.weight_partial != nullptr) write_block_partial<WARP_ROWS, VEC, VPT>(p.weight_partial, p, group, dweight);
