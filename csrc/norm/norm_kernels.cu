@@ -361,11 +361,11 @@ struct RowWalk {
       : row(int64_t(blockIdx.x) * group.count + group.index), step(int64_t(gridDim.x) * group.count) {}
 };
 
-// The normalized input of one row: x, or x + residual rounded to T (ADD).
+// The normalized input of one row (zeros unless valid): x, or x + residual rounded to T (ADD).
 template <bool ADD, typename T, int VEC, int VPT, bool WARP_ROWS>
-__device__ __forceinline__ void load_fwd_row(const NormFwdParams& p, int64_t row, const RowGroup<WARP_ROWS>& group,
-                                             int cols, Chunks<T, VEC, VPT>& x, Chunks<T, VEC, VPT>& residual) {
-  const bool valid = row < p.rows;
+__device__ __forceinline__ void load_fwd_row(const NormFwdParams& p, int64_t row, bool valid,
+                                             const RowGroup<WARP_ROWS>& group, int cols, Chunks<T, VEC, VPT>& x,
+                                             Chunks<T, VEC, VPT>& residual) {
   load_chunks(row_start(static_cast<const T*>(p.x), row * p.x_row_stride), valid, group, cols, x);
   if constexpr (ADD)
     load_chunks(row_start(static_cast<const T*>(p.residual), row * p.residual_row_stride), valid, group, cols, residual);
@@ -395,12 +395,12 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdPara
   fill_chunks(A(0), zeros);
   RowWalk<WARP_ROWS> walk(group);
   Row next_x, next_residual;
-  if constexpr (PREFETCH) load_fwd_row<ADD>(p, walk.row, group, cols, next_x, next_residual);
+  if constexpr (PREFETCH) load_fwd_row<ADD>(p, walk.row, walk.row < p.rows, group, cols, next_x, next_residual);
   // Every thread of the block runs the same iterations (row-group reductions need them all).
   for (int64_t first = walk.row - group.index; first < p.rows; first += walk.step, walk.row += walk.step) {
     const int64_t row = walk.row;
-    if constexpr (!PREFETCH) load_fwd_row<ADD>(p, row, group, cols, next_x, next_residual);
     const bool valid = row < p.rows;
+    if constexpr (!PREFETCH) load_fwd_row<ADD>(p, row, valid, group, cols, next_x, next_residual);
     Row x = next_x;
     if constexpr (ADD) {
       T* residual_out_row = row_start(static_cast<T*>(p.residual_out), row * p.cols);
@@ -414,7 +414,8 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdPara
         if (valid && col < cols) store_vector<T, VEC>(residual_out_row + col, rounded);
       }
     }
-    if constexpr (PREFETCH) load_fwd_row<ADD>(p, row + walk.step, group, cols, next_x, next_residual);
+    if constexpr (PREFETCH)
+      load_fwd_row<ADD>(p, row + walk.step, row + walk.step < p.rows, group, cols, next_x, next_residual);
     A sum = 0;
 #pragma unroll
     for (int k = 0; k < VPT; ++k)
@@ -586,7 +587,7 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_bwd_kernel(const NormBwdPara
     const int64_t row = walk.row;
     BwdRow<T, VEC, VPT> now = next;
     load_bwd_row<RMS>(p, row + walk.step, group, cols, next);
-    const bool valid = row < p.rows;
+    const bool valid = !WARP_ROWS || row < p.rows;  // a block row is always valid (the loop condition)
     Chunks<T, VEC, VPT> extra;  // the gradient reaching residual_out: needed only after the reduction
     if (p.dresidual_out != nullptr)
       load_chunks(row_start(static_cast<const T*>(p.dresidual_out), row * p.dresidual_out_row_stride), valid, group,
