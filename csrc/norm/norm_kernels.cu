@@ -5,8 +5,8 @@
 // (k * group_size + lane) * VEC for k < VPT, so each load instruction of a warp is coalesced and
 // a thread always owns the same columns (which keeps the backward's column sums in registers).
 // Rows that fit (VPT chunks per thread) stay in registers between the reduction and the
-// write, on a persistent grid that loads each group's next row while it works on the current one
-// (see "register rows" below); longer rows go to a streaming kernel that re-reads them (from L2).
+// write, on a grid of the blocks that fit at once (see "register rows" below); longer rows go to a
+// streaming kernel that re-reads them (from L2).
 // Statistics: mean first, then the sum of squared deviations from it (two passes in registers,
 // accurate for rows with a large mean), all in fp32 (fp64 for fp64 input).
 #include <algorithm>
@@ -24,33 +24,44 @@ namespace fusedops {
 namespace {
 
 // ---- tuning knobs (one per line so that a benchmark can flip them with sed) ----------------------
-// Sizes in 16-byte chunks (8 bf16 elements). "Persistent" grids hold as many blocks as fit and
-// load each row group's next row while working on the current one (two raw copies of a row per
-// thread); "data-sized" grids run one row group per block, each row loaded when it starts (half
-// the registers: more threads resident, no loop). The values are the best of six knob sets timed
-// side by side on the H200 (bench/lessons/2026-11-29-session3-notes.md): data-sized grids with 4
-// chunks a thread for every forward row up to 16384 bf16, the register-sums backward up to 8192.
-// Forward warp rows (<= 64 chunks): persistent (two rows in flight a warp) vs data-sized grid.
-constexpr bool kFwdWarpRowsPersistent = false;
-// Forward block rows up to this many chunks run on a data-sized grid, longer ones on a persistent
-// grid (0: all persistent).
-constexpr int kFwdDataGridMaxChunks = 2048;
+// Sizes in 16-byte chunks (8 bf16 elements). "Prefetching" kernels run on a grid of as many
+// blocks as fit and load each row group's next row while working on the current one (two raw
+// copies of a row per thread); "one-row" kernels load each row when it starts (half the
+// registers: more threads resident). The values were the best of six knob sets timed side by side
+// on the H200 (bench/lessons/2026-11-29-session3-notes.md), before the forward kept x - mean in
+// registers and computed row starts once, and before the two-chunk register-sums backward.
+// Forward warp rows (<= 64 chunks): prefetching (two rows in flight a warp) vs one-row.
+constexpr bool kFwdWarpRowsPrefetch = false;
+// Forward block rows up to this many chunks run one-row kernels, longer ones prefetch (0: all
+// prefetch).
+constexpr int kFwdOneRowMaxChunks = 2048;
 // Forward block rows, chunks per thread (2, 4 or 8; doubled up to 8 while the row needs more than
-// 512 threads) on each grid: more bytes in flight a thread vs more threads a row.
-constexpr int kFwdDataGridChunks = 4;
-constexpr int kFwdPersistentChunks = 2;
+// 512 threads) of each kind: more bytes in flight a thread vs more threads a row.
+constexpr int kFwdOneRowChunks = 4;
+constexpr int kFwdPrefetchChunks = 2;
+// One-row forward grid: the blocks that fit at once, each looping over rows (the per-thread setup
+// paid once, no block launches per row) vs one block per row group.
+constexpr bool kFwdResidentGrid = true;
 // Backward block rows up to this many chunks (LayerNorm / RMSNorm; at most 1024) run one chunk a
 // thread with the column sums in registers (no shared-memory traffic); longer ones the shared-sums
 // kernel (several chunks a thread, column sums in shared memory: more bytes in flight per SM).
 constexpr int kLnBwdRegisterSumsMaxChunks = 1024;
 constexpr int kRmsBwdRegisterSumsMaxChunks = 1024;
+// Register-sums backward, chunks per thread (1 or 2; LayerNorm / RMSNorm): 2 halves the threads a
+// row, so each thread's per-row work that does not scale with its elements (the row reductions,
+// the row's statistics, addresses, the software-pipeline moves) is spread over twice the
+// elements, at twice the registers for the column sums and the rows (512 threads a block at most).
+constexpr int kLnBwdRegisterSumsChunks = 2;
+constexpr int kRmsBwdRegisterSumsChunks = 2;
 // Shared-sums backward, chunks per thread (2 or 4; 2 doubles to 4 past 1024 chunks): fewer
 // registers a thread (more threads) vs more bytes in flight a thread.
 constexpr int kBwdSharedSumsChunks = 4;
 
-static_assert(kFwdDataGridChunks == 2 || kFwdDataGridChunks == 4 || kFwdDataGridChunks == 8);
-static_assert(kFwdPersistentChunks == 2 || kFwdPersistentChunks == 4 || kFwdPersistentChunks == 8);
+static_assert(kFwdOneRowChunks == 2 || kFwdOneRowChunks == 4 || kFwdOneRowChunks == 8);
+static_assert(kFwdPrefetchChunks == 2 || kFwdPrefetchChunks == 4 || kFwdPrefetchChunks == 8);
 static_assert(kLnBwdRegisterSumsMaxChunks <= 1024 && kRmsBwdRegisterSumsMaxChunks <= 1024);
+static_assert(kLnBwdRegisterSumsChunks == 1 || kLnBwdRegisterSumsChunks == 2);
+static_assert(kRmsBwdRegisterSumsChunks == 1 || kRmsBwdRegisterSumsChunks == 2);
 static_assert(kBwdSharedSumsChunks == 2 || kBwdSharedSumsChunks == 4);
 
 constexpr int kMaxThreads = 1024;
@@ -289,6 +300,18 @@ __device__ __forceinline__ Chunks<W, VEC, 1> column_chunk(const void* ptr, int c
   return c;
 }
 
+// base + offset, opaque to the compiler: a row's start is then computed once per row, and each
+// chunk's address is one add to it, instead of the row offset's 64-bit multiply-add being redone
+// for every chunk (about 6 instructions a chunk). The assumption keeps the accesses global-memory
+// ones (LDG/STG, not generic).
+template <typename P>
+__device__ __forceinline__ P* row_start(P* base, int64_t offset) {
+  P* ptr = base + offset;
+  asm("" : "+l"(ptr));
+  __builtin_assume(__isGlobal(ptr));
+  return ptr;
+}
+
 // This thread's chunks of the row at row_ptr; zeros for an invalid row and past the row's end.
 template <typename T, int VEC, int VPT, bool WARP_ROWS>
 __device__ __forceinline__ void load_chunks(const T* row_ptr, bool valid, const RowGroup<WARP_ROWS>& group, int cols,
@@ -338,26 +361,31 @@ struct RowWalk {
       : row(int64_t(blockIdx.x) * group.count + group.index), step(int64_t(gridDim.x) * group.count) {}
 };
 
-// The normalized input of one row: x, or x + residual rounded to T (ADD).
+// The normalized input of one row (zeros unless valid): x, or x + residual rounded to T (ADD).
 template <bool ADD, typename T, int VEC, int VPT, bool WARP_ROWS>
-__device__ __forceinline__ void load_fwd_row(const NormFwdParams& p, int64_t row, const RowGroup<WARP_ROWS>& group,
-                                             int cols, Chunks<T, VEC, VPT>& x, Chunks<T, VEC, VPT>& residual) {
-  const bool valid = row < p.rows;
-  load_chunks(static_cast<const T*>(p.x) + row * p.x_row_stride, valid, group, cols, x);
+__device__ __forceinline__ void load_fwd_row(const NormFwdParams& p, int64_t row, bool valid,
+                                             const RowGroup<WARP_ROWS>& group, int cols, Chunks<T, VEC, VPT>& x,
+                                             Chunks<T, VEC, VPT>& residual) {
+  load_chunks(row_start(static_cast<const T*>(p.x), row * p.x_row_stride), valid, group, cols, x);
   if constexpr (ADD)
-    load_chunks(static_cast<const T*>(p.residual) + row * p.residual_row_stride, valid, group, cols, residual);
+    load_chunks(row_start(static_cast<const T*>(p.residual), row * p.residual_row_stride), valid, group, cols, residual);
 }
 
-// Forward, row held in registers (raw); blocks stride over rows. With PREFETCH (a persistent
-// grid) the group's next row is loaded before the current one is reduced (two raw copies of a row
-// per thread); without it (a data-sized grid) each row is loaded when it starts. Weight and bias
-// are read at the write, per row (they stay in L1). MAX_THREADS: the launch bound (registers per
-// thread), without a minimum of blocks: ptxas picks the occupancy.
+// Forward, row held in registers (raw); blocks stride over rows. With PREFETCH the group's next row is loaded before the current one is reduced (two raw copies of a row
+// per thread); without it each row is loaded when it starts. Weight and bias are read at the
+// write, per row.
+// MAX_THREADS: the launch bound (registers per thread), without a minimum of blocks: ptxas picks
+// the occupancy.
 template <typename T, typename W, bool RMS, bool ADD, bool WARP_ROWS, int VEC, int VPT, bool PREFETCH,
           int MAX_THREADS>
 __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdParams p) {
   using A = acc_t<T>;
   using Row = Chunks<T, VEC, VPT>;
+  // x - mean is computed once for every element (also past the row's end, so that the output can
+  // reuse it) and kept in the accumulation type for the variance and the output, except with two
+  // raw rows of 64 elements a thread (prefetch), where it would spill: the output then unpacks
+  // and subtracts again from the raw row.
+  constexpr bool kRecenterEachPass = PREFETCH && VPT * VEC > 32;
   __shared__ A scratch[32];
   const RowGroup<WARP_ROWS> group;
   const int cols = static_cast<int>(p.cols);
@@ -367,14 +395,15 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdPara
   fill_chunks(A(0), zeros);
   RowWalk<WARP_ROWS> walk(group);
   Row next_x, next_residual;
-  if constexpr (PREFETCH) load_fwd_row<ADD>(p, walk.row, group, cols, next_x, next_residual);
+  if constexpr (PREFETCH) load_fwd_row<ADD>(p, walk.row, walk.row < p.rows, group, cols, next_x, next_residual);
   // Every thread of the block runs the same iterations (row-group reductions need them all).
   for (int64_t first = walk.row - group.index; first < p.rows; first += walk.step, walk.row += walk.step) {
     const int64_t row = walk.row;
-    if constexpr (!PREFETCH) load_fwd_row<ADD>(p, row, group, cols, next_x, next_residual);
     const bool valid = row < p.rows;
+    if constexpr (!PREFETCH) load_fwd_row<ADD>(p, row, valid, group, cols, next_x, next_residual);
     Row x = next_x;
     if constexpr (ADD) {
+      T* residual_out_row = row_start(static_cast<T*>(p.residual_out), row * p.cols);
 #pragma unroll
       for (int k = 0; k < VPT; ++k) {
         AlignedVector<T, VEC> rounded;
@@ -382,45 +411,53 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdPara
         for (int j = 0; j < VEC; ++j) rounded.val[j] = from_acc<T>(x.get(k, j) + next_residual.get(k, j));
         x.set(k, rounded);
         const int col = (k * group.size + group.lane) * VEC;
-        if (valid && col < cols) store_vector<T, VEC>(static_cast<T*>(p.residual_out) + row * p.cols + col, rounded);
+        if (valid && col < cols) store_vector<T, VEC>(residual_out_row + col, rounded);
       }
     }
-    if constexpr (PREFETCH) load_fwd_row<ADD>(p, row + walk.step, group, cols, next_x, next_residual);
+    if constexpr (PREFETCH)
+      load_fwd_row<ADD>(p, row + walk.step, row + walk.step < p.rows, group, cols, next_x, next_residual);
     A sum = 0;
 #pragma unroll
     for (int k = 0; k < VPT; ++k)
 #pragma unroll
       for (int j = 0; j < VEC; ++j) sum += x.get(k, j);
     const A mean = RMS ? A(0) : group.sum(sum, scratch) * inv_cols;
-    forget_values(x);
+    if constexpr (kRecenterEachPass) forget_values(x);
+    A centered[VPT][VEC];
     A squares = 0;
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
+      if constexpr (!kRecenterEachPass) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) centered[k][j] = x.get(k, j) - mean;
+      }
       if ((k * group.size + group.lane) * VEC < cols) {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const A d = x.get(k, j) - mean;
-          squares += d * d;
+          const A c = kRecenterEachPass ? x.get(k, j) - mean : centered[k][j];
+          squares += c * c;
         }
       }
     }
     const A rstd = inv_sqrt(group.sum(squares, scratch) * inv_cols + A(p.eps));
     if (!valid) continue;
-    forget_values(x);
+    if constexpr (kRecenterEachPass) forget_values(x);
     if (group.lane == 0) store_stats(p, row, mean, rstd, RMS);
-    T* out_row = static_cast<T*>(p.out) + row * p.cols;
+    T* out_row = row_start(static_cast<T*>(p.out), row * p.cols);
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
       const int col = (k * group.size + group.lane) * VEC;
       if (col >= cols) continue;
-      // Raw (W-typed) weight and bias: the compiler hoists these loads, converted they would
-      // cost twice the registers for 16-bit W.
+      // Raw (W-typed) weight and bias, read per row (L1 hits): held across rows or converted they
+      // would cost registers (occupancy) in every kernel that is not already limited by them.
       const auto w = column_chunk<W, VEC>(p.weight, col, ones);
       const auto b = column_chunk<W, VEC>(p.bias, col, zeros);
       AlignedVector<T, VEC> out;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j)
-        out.val[j] = from_acc<T>((x.get(k, j) - mean) * rstd * w.get(0, j) + b.get(0, j));
+      for (int j = 0; j < VEC; ++j) {
+        const A c = kRecenterEachPass ? x.get(k, j) - mean : centered[k][j];
+        out.val[j] = from_acc<T>(c * rstd * w.get(0, j) + b.get(0, j));
+      }
       store_vector<T, VEC>(out_row + col, out);
     }
   }
@@ -521,8 +558,8 @@ __device__ __forceinline__ void load_bwd_row(const NormBwdParams& p, int64_t row
   const bool valid = row < p.rows;
   r.mean = (!RMS && valid) ? A(p.mean[row]) : A(0);
   r.rstd = valid ? A(p.rstd[row]) : A(0);
-  load_chunks(static_cast<const T*>(p.x) + row * p.x_row_stride, valid, group, cols, r.x);
-  load_chunks(static_cast<const T*>(p.dy) + row * p.dy_row_stride, valid, group, cols, r.dy);
+  load_chunks(row_start(static_cast<const T*>(p.x), row * p.x_row_stride), valid, group, cols, r.x);
+  load_chunks(row_start(static_cast<const T*>(p.dy), row * p.dy_row_stride), valid, group, cols, r.dy);
 }
 
 // Backward, row held in registers; the weight and the block's column sums stay in registers
@@ -550,14 +587,11 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_bwd_kernel(const NormBwdPara
     const int64_t row = walk.row;
     BwdRow<T, VEC, VPT> now = next;
     load_bwd_row<RMS>(p, row + walk.step, group, cols, next);
-    const bool valid = row < p.rows;
+    const bool valid = !WARP_ROWS || row < p.rows;  // a block row is always valid (the loop condition)
     Chunks<T, VEC, VPT> extra;  // the gradient reaching residual_out: needed only after the reduction
-    if (p.dresidual_out != nullptr) {
-      load_chunks(static_cast<const T*>(p.dresidual_out) + row * p.dresidual_out_row_stride, valid, group, cols,
-                  extra);
-    } else {
-      fill_chunks(A(0), extra);
-    }
+    if (p.dresidual_out != nullptr)
+      load_chunks(row_start(static_cast<const T*>(p.dresidual_out), row * p.dresidual_out_row_stride), valid, group,
+                  cols, extra);
     A xhat[VPT][VEC], g[VPT][VEC];
     A sum_g = 0, sum_gx = 0;
 #pragma unroll
@@ -576,17 +610,28 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_bwd_kernel(const NormBwdPara
     A mean_g, mean_gx;
     row_means<RMS>(group, sum_g, sum_gx, inv_cols, scratch, mean_g, mean_gx);
     if (!valid) continue;
-    T* dx_row = static_cast<T*>(p.dx) + row * p.cols;
+    T* dx_row = row_start(static_cast<T*>(p.dx), row * p.cols);
+    // One loop per case (uniform branch): adding a zero residual_out gradient would cost an add a
+    // element (x + 0 is not x for x = -0, so the compiler keeps it).
+    const auto write_dx = [&](auto with_extra) {
 #pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      const int col = (k * group.size + group.lane) * VEC;
-      if (col >= cols) continue;
-      AlignedVector<T, VEC> dx;
+      for (int k = 0; k < VPT; ++k) {
+        const int col = (k * group.size + group.lane) * VEC;
+        if (col >= cols) continue;
+        AlignedVector<T, VEC> dx;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j)
-        dx.val[j] =
-            from_acc<T>(now.rstd * (g[k][j] - mean_g - xhat[k][j] * mean_gx) + extra.get(k, j));
-      store_vector<T, VEC>(dx_row + col, dx);
+        for (int j = 0; j < VEC; ++j) {
+          A v = now.rstd * (g[k][j] - mean_g - xhat[k][j] * mean_gx);
+          if constexpr (decltype(with_extra)::value) v += extra.get(k, j);
+          dx.val[j] = from_acc<T>(v);
+        }
+        store_vector<T, VEC>(dx_row + col, dx);
+      }
+    };
+    if (p.dresidual_out != nullptr) {
+      write_dx(std::true_type{});
+    } else {
+      write_dx(std::false_type{});
     }
   }
   if (p.weight_partial != nullptr) write_block_partial<WARP_ROWS, VEC, VPT>(p.weight_partial, p, group, dweight);
@@ -670,7 +715,7 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_bwd_shared_sums_kernel(const
     row_means<RMS>(group, sum_g, sum_gx, inv_cols, scratch, mean_g, mean_gx);
     forget_values(now.x);
     forget_values(now.dy);
-    T* dx_row = static_cast<T*>(p.dx) + row * p.cols;
+    T* dx_row = row_start(static_cast<T*>(p.dx), row * p.cols);
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
       const int col = lane_col + offset[k];
@@ -839,46 +884,46 @@ struct FwdLaunch {
   FwdKernel kernel;
   int threads;
   int groups;       // row groups per block
-  bool persistent;  // else one block per row group
+  bool resident;    // the blocks that fit at once, each looping over rows; else one block per row group
 };
 
 // Block rows from VPT chunks per thread, doubled (up to 8) while the row needs more than
 // kBlockRowsThreads threads, or up to MAX_CHUNKS chunks (the longest row this chain is used
-// for); longer rows stream. PERSISTENT grids prefetch, except for the add_* variants at 8 chunks
-// per thread, which would spill (they also hold the residual) and run on a data-sized grid.
-template <typename T, typename W, bool RMS, bool ADD, int VEC, int VPT, bool PERSISTENT, int64_t MAX_CHUNKS>
+// for); longer rows stream. PREFETCH kernels are used except for the add_* variants at 8 chunks
+// per thread, which would spill (they also hold the residual) and load one row at a time.
+template <typename T, typename W, bool RMS, bool ADD, int VEC, int VPT, bool PREFETCH, int64_t MAX_CHUNKS>
 FwdLaunch block_rows_launch(int64_t chunks) {
   if constexpr (VPT < 8 && int64_t(kBlockRowsThreads) * VPT < MAX_CHUNKS) {
     if (chunks > int64_t(kBlockRowsThreads) * VPT)
-      return block_rows_launch<T, W, RMS, ADD, VEC, 2 * VPT, PERSISTENT, MAX_CHUNKS>(chunks);
+      return block_rows_launch<T, W, RMS, ADD, VEC, 2 * VPT, PREFETCH, MAX_CHUNKS>(chunks);
   }
   if (chunks > int64_t(kBlockRowsThreads) * VPT) return {norm_fwd_streaming_kernel<T, W, RMS, VEC>, kMaxThreads, 1, false};
-  constexpr bool kPrefetch = PERSISTENT && !(ADD && VPT == 8);
+  constexpr bool kPrefetch = PREFETCH && !(ADD && VPT == 8);
   return {norm_fwd_kernel<T, W, RMS, ADD, false, VEC, VPT, kPrefetch, kBlockRowsThreads>,
-          threads_for((chunks + VPT - 1) / VPT), 1, kPrefetch};
+          threads_for((chunks + VPT - 1) / VPT), 1, kPrefetch || kFwdResidentGrid};
 }
 
 // Register rows: a warp per row (4 rows per block) with 1 or 2 chunks per thread up to 64 chunks,
 // else a block per row (see the knobs); past 8 chunks per thread of 512 threads rows stream.
 template <typename T, typename W, bool RMS, bool ADD, int VEC>
 cudaError_t launch_fwd_with(const NormFwdParams& p, cudaStream_t stream) {
-  constexpr bool kWarpPrefetch = kFwdWarpRowsPersistent;
+  constexpr bool kWarpPrefetch = kFwdWarpRowsPrefetch;
   const int64_t chunks = (p.cols + VEC - 1) / VEC;
   FwdLaunch launch;
   if (chunks <= 32) {
     launch = {norm_fwd_kernel<T, W, RMS, ADD, true, VEC, 1, kWarpPrefetch, kWarpRowsThreads>, kWarpRowsThreads,
-              kWarpRowsGroups, kWarpPrefetch};
+              kWarpRowsGroups, kWarpPrefetch || kFwdResidentGrid};
   } else if (chunks <= 64) {
     launch = {norm_fwd_kernel<T, W, RMS, ADD, true, VEC, 2, kWarpPrefetch, kWarpRowsThreads>, kWarpRowsThreads,
-              kWarpRowsGroups, kWarpPrefetch};
-  } else if (chunks <= kFwdDataGridMaxChunks) {
-    launch = block_rows_launch<T, W, RMS, ADD, VEC, kFwdDataGridChunks, false, kFwdDataGridMaxChunks>(chunks);
+              kWarpRowsGroups, kWarpPrefetch || kFwdResidentGrid};
+  } else if (chunks <= kFwdOneRowMaxChunks) {
+    launch = block_rows_launch<T, W, RMS, ADD, VEC, kFwdOneRowChunks, false, kFwdOneRowMaxChunks>(chunks);
   } else {
-    launch = block_rows_launch<T, W, RMS, ADD, VEC, kFwdPersistentChunks, true, int64_t(kBlockRowsThreads) * 8>(chunks);
+    launch = block_rows_launch<T, W, RMS, ADD, VEC, kFwdPrefetchChunks, true, int64_t(kBlockRowsThreads) * 8>(chunks);
   }
   // Rows past the grid are taken by the kernels' grid-stride loops.
   const int64_t row_groups = std::min<int64_t>((p.rows + launch.groups - 1) / launch.groups, int64_t(1) << 30);
-  const int64_t blocks = launch.persistent
+  const int64_t blocks = launch.resident
                              ? persistent_blocks(launch.kernel, launch.threads, 0, device_limits().sms, row_groups)
                              : row_groups;
   launch.kernel<<<static_cast<unsigned>(blocks), launch.threads, 0, stream>>>(p);
@@ -909,8 +954,9 @@ struct BwdPlan {
   bool bias_from_dy;  // dbias summed over dy's columns after the kernel, not by it
 };
 
-// Register rows: a warp per row (4 rows per block) up to 32 chunks, else a block per row with one
-// chunk per thread (column sums in registers) up to k{Ln,Rms}BwdRegisterSumsMaxChunks, then
+// Register rows: a warp per row (4 rows per block) up to 32 chunks, else a block per row with
+// k{Ln,Rms}BwdRegisterSumsChunks chunks per thread (column sums in registers) up to
+// k{Ln,Rms}BwdRegisterSumsMaxChunks, then
 // kBwdSharedSumsChunks (doubled to 4 past 1024 chunks) chunks per thread of at most 512 threads
 // with the column sums in shared memory up to 2048 chunks when the sums fit; longer rows stream.
 // Persistent grid, at most one block per row group.
@@ -928,8 +974,9 @@ BwdPlan plan_bwd_with(const NormBwdParams& p) {
     plan.kernel = norm_bwd_kernel<T, W, RMS, true, VEC, 1, kWarpRowsThreads>;
     plan.threads = kWarpRowsThreads, groups = kWarpRowsGroups;
   } else if (chunks <= kRegisterSumsMaxChunks) {
-    plan.kernel = norm_bwd_kernel<T, W, RMS, false, VEC, 1, kMaxThreads>;
-    plan.threads = threads_for(chunks);
+    constexpr int kChunks = RMS ? kRmsBwdRegisterSumsChunks : kLnBwdRegisterSumsChunks;
+    plan.kernel = norm_bwd_kernel<T, W, RMS, false, VEC, kChunks, kChunks == 1 ? kMaxThreads : kBlockRowsThreads>;
+    plan.threads = threads_for((chunks + kChunks - 1) / kChunks);
   } else {
     const int64_t static_bytes = 2 * 32 * sizeof(A);
     int64_t sums_bytes = ((p.dweight != nullptr) + (p.dbias != nullptr)) * p.cols * int64_t(sizeof(A));
