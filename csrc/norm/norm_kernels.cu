@@ -40,8 +40,9 @@ constexpr int kFwdOneRowMaxChunks = 2048;
 constexpr int kFwdOneRowChunks = 4;
 constexpr int kFwdPrefetchChunks = 2;
 // One-row forward grid: the blocks that fit at once, each looping over rows (the per-thread setup
-// paid once, no block launches per row) vs one block per row group.
-constexpr bool kFwdResidentGrid = true;
+// paid once, no block launches per row) vs one block per row group. One block per row group won
+// by 2-9 points of copy at N = 512-16384 (launcher timing, H200, session 4).
+constexpr bool kFwdResidentGrid = false;
 // Backward block rows up to this many chunks (LayerNorm / RMSNorm; at most 1024) run one chunk a
 // thread with the column sums in registers (no shared-memory traffic); longer ones the shared-sums
 // kernel (several chunks a thread, column sums in shared memory: more bytes in flight per SM).
@@ -51,8 +52,9 @@ constexpr int kRmsBwdRegisterSumsMaxChunks = 1024;
 // row, so each thread's per-row work that does not scale with its elements (the row reductions,
 // the row's statistics, addresses, the software-pipeline moves) is spread over twice the
 // elements, at twice the registers for the column sums and the rows (512 threads a block at most).
-constexpr int kLnBwdRegisterSumsChunks = 2;
-constexpr int kRmsBwdRegisterSumsChunks = 2;
+// 1 won on the H200 (LayerNorm by 5-10 points of copy at N = 512-8192, RMSNorm by 1-2).
+constexpr int kLnBwdRegisterSumsChunks = 1;
+constexpr int kRmsBwdRegisterSumsChunks = 1;
 // Shared-sums backward, chunks per thread (2 or 4; 2 doubles to 4 past 1024 chunks): fewer
 // registers a thread (more threads) vs more bytes in flight a thread.
 constexpr int kBwdSharedSumsChunks = 4;

@@ -55,11 +55,12 @@ constexpr int kRegisterElems = 16;
 // 2048, 4096, 8192 with 16 to 99/93/92/91%. fp32 rows lose 5-15 points with 32, the backward
 // (two tensors) is at copy speed with 16.
 template <typename T> constexpr int kForwardRegisterElems = sizeof(T) == 2 ? 2 * kRegisterElems : kRegisterElems;
-// Elements a thread keeps of a masked 16-bit forward row. 32 would halve the per-row work a
-// column (mask placement, reductions, lse) and make a 1024-wide row one warp, reduced with
-// shuffles only, but spill under the kMaskedThreadsPerSM bound and in 1024-thread blocks
-// (scratch/masked_variants.sh measures both).
-constexpr int kMaskedForwardElems16 = 16;
+// Elements a thread keeps of a masked 16-bit forward row. 32 halves the per-row work a column
+// (mask placement, reductions, lse) and makes a 1024-wide row one warp, reduced with shuffles
+// only, at small spills in 64-256-thread groups and 1024-thread blocks. On the H200 (bf16
+// [8,16,1024,1024]) 32 took the forward from 79 to 102% of copy (bool mask, launcher timing,
+// which counts the broadcast mask 16 times) and causal from 71 to 97%.
+constexpr int kMaskedForwardElems16 = 32;
 template <typename T> constexpr int kMaskedForwardRegisterElems = sizeof(T) == 2 ? kMaskedForwardElems16 : kRegisterElems;
 // Registers of raw row data (current + prefetched row) above which a kernel would exceed 64
 // registers a thread (two 512-thread blocks per SM): such kernels load each row when they reach
@@ -1591,10 +1592,7 @@ Plan make_plan(int64_t cols, bool aligned, int tensors, int per_thread, bool mas
   }
   const int items = per_thread / kVec;
   const bool clusters = device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
-  if (!vector_mask && cols <= 1024) {  // a warp per row, element by element
-    plan.vectorized = false;
-    return plan;
-  }
+  if (!vector_mask && cols <= 1024) return plan;  // streamed: a warp per row, 16-byte data loads
   if (vector_mask && cols <= int64_t(per_thread) * (clusters ? kClusterThreads : 1024)) {
     const int64_t threads = (cols + per_thread - 1) / per_thread;
     int group = 4;
@@ -1784,6 +1782,7 @@ cudaError_t dispatch_plan(const Plan& plan, Launch launch) {
                             : launch.template streamed<kStreamThreads, 1, false>();
   }
   if constexpr (!std::is_same<T, double>::value) {
+    if (plan.group == 32) return launch.template streamed<32, kVec, false>();
     return plan.cache ? launch.template streamed<kStreamThreads, kVec, true>()
                       : launch.template streamed<kStreamThreads, kVec, false>();
   }
