@@ -71,8 +71,15 @@ def backward_thunk(fn, inputs):
     return lambda: torch.autograd.grad(out, leaves, grad, retain_graph=True)
 
 
+# Every compiled peer recompiles its code once per shape, dtype and requires_grad (static shapes,
+# as eager and fusedops run them): dozens of times per benchmark family, past dynamo's default
+# limit of 8, beyond which fullgraph=True fails and the peer would go missing.
+_RECOMPILE_LIMIT = 256
+
+
 def try_compile(fn):
-    """torch.compile(fn), or None where inductor cannot run here."""
+    """torch.compile(fn) with static shapes, or None where inductor cannot run here."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, _RECOMPILE_LIMIT)
     try:
         return torch.compile(fn, fullgraph=True, dynamic=False)
     except Exception:  # noqa: BLE001 - a peer that cannot be built is reported as missing

@@ -1592,7 +1592,10 @@ Plan make_plan(int64_t cols, bool aligned, int tensors, int per_thread, bool mas
   }
   const int items = per_thread / kVec;
   const bool clusters = device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
-  if (!vector_mask && cols <= 1024) return plan;  // streamed: a warp per row, 16-byte data loads
+  if (!vector_mask && cols <= 1024) {  // a warp per row, element by element
+    plan.vectorized = false;
+    return plan;
+  }
   if (vector_mask && cols <= int64_t(per_thread) * (clusters ? kClusterThreads : 1024)) {
     const int64_t threads = (cols + per_thread - 1) / per_thread;
     int group = 4;
@@ -1782,7 +1785,6 @@ cudaError_t dispatch_plan(const Plan& plan, Launch launch) {
                             : launch.template streamed<kStreamThreads, 1, false>();
   }
   if constexpr (!std::is_same<T, double>::value) {
-    if (plan.group == 32) return launch.template streamed<32, kVec, false>();
     return plan.cache ? launch.template streamed<kStreamThreads, kVec, true>()
                       : launch.template streamed<kStreamThreads, kVec, false>();
   }
