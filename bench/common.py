@@ -1,7 +1,8 @@
 """Timing and reporting shared by every benchmark family.
 
 Times are medians of CUDA-event-timed runs, each after overwriting a 256 MB buffer so the 60 MB
-L2 holds none of the operands. Effective bandwidth = bytes the op must move / time; every figure
+L2 holds none of the operands, and after a GPU sleep that covers the host's enqueueing of the run
+(see bench_ms). Effective bandwidth = bytes the op must move / time; every figure
 is also given as a fraction of the device-to-device copy bandwidth measured in the same run.
 """
 import csv
@@ -15,6 +16,9 @@ import torch
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 _L2_FLUSH_BYTES = 256 * 2**20
+# ~0.5 ms at the H200's clock: longer than any op's host work (autograd, Python wrappers), so the
+# start event fires only once the op is already queued behind it.
+_HOST_COVER_CYCLES = 1_000_000
 _flush_buffer = None
 
 
@@ -43,6 +47,10 @@ def bench_ms(fn, warmup_ms=25.0, rep_ms=100.0, min_reps=5, max_reps=200):
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for s, e in zip(starts, ends):
         _flush_l2()
+        # Without it, host work that outlasts the flush leaves the GPU idle inside the timed
+        # region: in a long benchmark process (compiled peers, Liger) the backward tables came out
+        # 15-50 points of copy below the same kernels timed alone (session-4 notes).
+        torch.cuda._sleep(_HOST_COVER_CYCLES)
         s.record()
         fn()
         e.record()
