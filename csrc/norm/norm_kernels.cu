@@ -5,8 +5,8 @@
 // (k * group_size + lane) * VEC for k < VPT, so each load instruction of a warp is coalesced and
 // a thread always owns the same columns (which keeps the backward's column sums in registers).
 // Rows that fit (VPT chunks per thread) stay in registers between the reduction and the
-// write, on a grid of the blocks that fit at once (see "register rows" below); longer rows go to a
-// streaming kernel that re-reads them (from L2).
+// write (grids: see "register rows" below); longer rows go to a streaming kernel that re-reads
+// them (from L2).
 // Statistics: mean first, then the sum of squared deviations from it (two passes in registers,
 // accurate for rows with a large mean), all in fp32 (fp64 for fp64 input).
 #include <algorithm>
@@ -29,7 +29,8 @@ namespace {
 // copies of a row per thread); "one-row" kernels load each row when it starts (half the
 // registers: more threads resident). The values were the best of six knob sets timed side by side
 // on the H200 (bench/lessons/2026-11-29-session3-notes.md), before the forward kept x - mean in
-// registers and computed row starts once, and before the two-chunk register-sums backward.
+// registers and computed row starts once; session 4 timed the knobs added then (the one-row
+// forward's grid, the register-sums backward's chunks a thread) on the H200.
 // Forward warp rows (<= 64 chunks): prefetching (two rows in flight a warp) vs one-row.
 constexpr bool kFwdWarpRowsPrefetch = false;
 // Forward block rows up to this many chunks run one-row kernels, longer ones prefetch (0: all
