@@ -22,10 +22,6 @@ def lesson(report, quick):
     """The same expression, x * 0.5 + 2.0 on bf16, as three kernels, eager, compiled and fused."""
     compiled = try_compile(lambda x: x * 0.5 + 2.0)
     exponents = [10, 16, 20, 24, 28] if quick else list(range(10, 29, 2))
-    _lesson_rows(report, compiled, exponents)
-
-
-def _lesson_rows(report, compiled, exponents):
     for e in progress(exponents, "elementwise lesson"):
         x = torch.randn(2**e, dtype=torch.bfloat16, device="cuda")
         impls = {

@@ -245,22 +245,22 @@ def test_gpu_benchmark_shapes(kind, n):
 
 # (hidden, dtype) pairs that select every register-row variant of both directions at the default
 # knobs of norm_kernels.cu, vectorized (16-byte chunks) and scalar (odd hidden): forward warp rows
-# with 1 and 2 chunks per thread, block rows on the data-sized grid and (prefetching) on the
-# persistent grid with 4 and 8 chunks per thread; backward warp rows, block rows with the column
-# sums in registers, and block rows with the column sums in shared memory. Other knob settings
-# move the boundaries between these sizes, which span every path's range.
+# with 1 and 2 chunks per thread, one-row block kernels (4 chunks per thread) and prefetching
+# block kernels (8 chunks per thread); backward warp rows, block rows with the column sums in
+# registers, and block rows with the column sums in shared memory. Other knob settings move the
+# boundaries between these sizes, which span every path's range.
 REGISTER_VARIANTS = [
     (256, torch.bfloat16),  # fwd warp 1 chunk, bwd warp rows
     (512, torch.bfloat16),  # fwd warp 2 chunks, bwd register-sum rows
-    (4096, torch.bfloat16),  # fwd data-sized grid, bwd LayerNorm shared-sum rows, RMSNorm register-sum rows
-    (16384, torch.bfloat16),  # fwd persistent 4 chunks, bwd shared-sum rows
-    (32768, torch.bfloat16),  # fwd persistent 8 chunks
-    (8192, torch.float32),  # fwd persistent 4 chunks (fp32 vectors of 4), bwd shared-sum rows
+    (4096, torch.bfloat16),  # fwd one-row, bwd register-sum rows
+    (16384, torch.bfloat16),  # fwd one-row at its longest, bwd shared-sum rows
+    (32768, torch.bfloat16),  # fwd prefetching 8 chunks
+    (8192, torch.float32),  # fwd one-row (fp32 vectors of 4), bwd shared-sum rows
     (13, torch.float16),  # scalar: fwd warp 1, bwd warp rows
     (41, torch.float16),  # scalar: fwd warp 2, bwd register-sum rows
-    (769, torch.float16),  # scalar: fwd data-sized grid, bwd LayerNorm shared-sum rows
-    (1500, torch.bfloat16),  # scalar: fwd persistent 4, bwd shared-sum rows
-    (3001, torch.bfloat16),  # scalar: fwd persistent 8
+    (769, torch.float16),  # scalar: fwd one-row, bwd register-sum rows
+    (1500, torch.bfloat16),  # scalar: fwd one-row, bwd shared-sum rows
+    (3001, torch.bfloat16),  # scalar: fwd prefetching 8
 ]
 
 
@@ -268,9 +268,9 @@ REGISTER_VARIANTS = [
 @pytest.mark.parametrize("n, dtype", REGISTER_VARIANTS)
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
 def test_gpu_register_variants_many_rows_per_block(kind, n, dtype):
-    """Enough rows that every block of the persistent grids takes several (the next-row prefetch
-    crosses iterations), plus a last round where only some row groups have a row (data-sized
-    grids: more than one wave of blocks)."""
+    """Enough rows that every block of the prefetching kernels' grids (the blocks that fit at
+    once) takes several (the next-row prefetch crosses iterations), plus a last round where only
+    some row groups have a row (one-row kernels: more than one wave of blocks)."""
     rows = max(1003, 2**23 // n + 1)
     x = torch.randn(rows, n, device="cuda", dtype=dtype) * 2 + 0.5
     w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
@@ -311,8 +311,9 @@ def test_gpu_small_cases(kind, n):
 @pytest.mark.parametrize("n, rows", [(512, 10000), (4096, 2000), (16384, 300), (32768, 300)])
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
 def test_gpu_pipelined_rows_small(kind, n, rows):
-    """More rows than one wave of the persistent grids (the next-row prefetch crosses iterations
-    and the last round has idle row groups): warp rows, block rows, shared-sum backward rows."""
+    """More rows than one wave of the prefetching grids (the next-row prefetch crosses
+    iterations and the last round has idle row groups): warp rows, block rows, shared-sum
+    backward rows."""
     _check_bf16_rows(kind, rows, n)
 
 

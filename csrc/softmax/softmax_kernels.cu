@@ -1655,11 +1655,13 @@ cudaError_t launch_register_rows(Kernel kernel, const Args& args, int group, boo
   return cudaGetLastError();
 }
 
-// Launches one resident wave of clusters of `cluster` blocks (or one per row when there are
-// fewer rows), each looping over rows; cudaErrorNotSupported, with no launch and no error left
-// behind, when the device cannot co-schedule such a cluster.
-template <class Kernel, class Args>
-cudaError_t launch_clusters(Kernel kernel, const Args& args, int cluster, int threads, cudaStream_t stream) {
+// Launches one resident wave of clusters of `cluster` blocks of `threads` threads and
+// `shared_bytes` dynamic shared memory (or one cluster per row when there are fewer rows), each
+// looping over rows, with the kernel's arguments `kernel_args`; cudaErrorNotSupported, with no
+// launch and no error left behind, when the device cannot co-schedule such a cluster.
+template <class Kernel, class... KernelArgs>
+cudaError_t launch_cluster_wave(Kernel kernel, int64_t rows, int cluster, int threads, int shared_bytes,
+                                cudaStream_t stream, const KernelArgs&... kernel_args) {
   cudaLaunchAttribute attribute;
   attribute.id = cudaLaunchAttributeClusterDimension;
   attribute.val.clusterDim.x = cluster;
@@ -1668,23 +1670,25 @@ cudaError_t launch_clusters(Kernel kernel, const Args& args, int cluster, int th
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(cluster));
   config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = static_cast<size_t>(shared_bytes);
   config.stream = stream;
   config.attrs = &attribute;
   config.numAttrs = 1;
-  if (cluster > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+  if ((shared_bytes > 0 &&
+       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes) != cudaSuccess) ||
+      (cluster > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)) {
     cudaGetLastError();  // clear the error: the caller falls back
     return cudaErrorNotSupported;
   }
   const int active = cached_active_clusters(kernel, config, cluster);
   if (active == 0) return cudaErrorNotSupported;
-  config.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(args.rows, active) * cluster));
-  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, args);
+  config.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(rows, active) * cluster));
+  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, kernel_args...);
   return err != cudaSuccess ? err : cudaGetLastError();
 }
 
-// Staged rows: one resident wave of clusters (one block per SM), each looping over rows, or one
-// cluster per row when there are fewer rows; cudaErrorNotSupported, with no launch and no error
-// left behind, when the device cannot co-schedule such a cluster with its stage ring.
+// Staged rows: one resident wave of clusters (one block per SM, its stage ring in dynamic shared
+// memory), each looping over rows, or one cluster per row when there are fewer rows.
 template <typename T, int VECS, class Kernel, class Args>
 cudaError_t launch_staged(Kernel kernel, const Args& args, int cluster, int tensors, cudaStream_t stream) {
   StagedShape shape;
@@ -1692,29 +1696,8 @@ cudaError_t launch_staged(Kernel kernel, const Args& args, int cluster, int tens
   const int64_t chunk_bytes = int64_t(kStagedThreads) * VECS * 16;
   shape.tensor_bytes = static_cast<int>((std::min<int64_t>(chunk_bytes, args.cols * int64_t(sizeof(T))) + 127) / 128 * 128);
   shape.stages = std::min(kMaxStages, kStagedRingBytes / (tensors * shape.tensor_bytes));
-  const int smem = shape.stages * tensors * shape.tensor_bytes;
-  cudaLaunchAttribute attribute;
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = cluster;
-  attribute.val.clusterDim.y = 1;
-  attribute.val.clusterDim.z = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(cluster));
-  config.blockDim = dim3(kStagedThreads);
-  config.dynamicSmemBytes = static_cast<size_t>(smem);
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess ||
-      (cluster > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)) {
-    cudaGetLastError();  // clear the error: the caller falls back
-    return cudaErrorNotSupported;
-  }
-  const int active = cached_active_clusters(kernel, config, cluster);
-  if (active == 0) return cudaErrorNotSupported;
-  config.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(args.rows, active) * cluster));
-  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, args, shape);
-  return err != cudaSuccess ? err : cudaGetLastError();
+  const int shared_bytes = shape.stages * tensors * shape.tensor_bytes;
+  return launch_cluster_wave(kernel, args.rows, cluster, kStagedThreads, shared_bytes, stream, args, shape);
 }
 
 // Register rows of group G, persistent or not as the plan says. Only what make_plan can choose
@@ -1811,7 +1794,7 @@ template <typename T, bool MASKED, bool BACKWARD> struct RowLaunch {
   }
   template <int CLUSTER, int G, int ITEMS, int VEC> cudaError_t cluster_rows() const {
     if constexpr (MASKED) {
-      return launch_clusters(register_kernel<G, ITEMS, VEC, CLUSTER, true>(), args, CLUSTER, G, stream);
+      return launch_cluster_wave(register_kernel<G, ITEMS, VEC, CLUSTER, true>(), args.rows, CLUSTER, G, 0, stream, args);
     } else {
       return cudaErrorNotSupported;  // make_plan gives unmasked rows staged rows instead
     }
