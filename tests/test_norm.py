@@ -416,7 +416,21 @@ def test_gpu_fp16_large_sum_of_squares(kind):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
 def test_gpu_add_variants(kind, dtype, n):
-    x = torch.randn(40 if n > 8192 else 1003, n, device="cuda", dtype=dtype)
+    _check_add_variant(kind, torch.randn(40 if n > 8192 else 1003, n, device="cuda", dtype=dtype))
+
+
+@gpu
+@sanitizer
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
+def test_gpu_add_variants_staged_rows(kind):
+    """add_* rows through the staged kernels' two- and three-tensor stages, several per block."""
+    _check_add_variant(kind, torch.randn(700, 2048, device="cuda", dtype=torch.bfloat16))
+
+
+def _check_add_variant(kind, x):
+    """add_<kind> on x and a fresh residual: out, residual_out and every gradient against float64."""
+    n = x.shape[-1]
+    dtype = x.dtype
     r = torch.randn_like(x)
     w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
     g_out, g_res = torch.randn_like(x), torch.randn_like(x)
