@@ -1,7 +1,10 @@
-// A ring of shared-memory stages filled by sm_90 bulk copies (cp.async.bulk), each completing
-// on its stage's mbarrier: one thread issues a stage's copies (no registers held for the bytes in
-// flight), every thread waits on the stage's phase. Used by the staged softmax and norm rows.
+// sm_90 building blocks of the staged softmax and norm rows: a ring of shared-memory stages
+// filled by bulk copies (cp.async.bulk), each completing on its stage's mbarrier (one thread
+// issues a stage's copies, no registers held for the bytes in flight; every thread waits on the
+// stage's phase), and the exchange of one value per block and row between a cluster's blocks.
 #pragma once
+
+#include <cooperative_groups.h>
 
 #include <cstdint>
 
@@ -58,6 +61,102 @@ struct StageRing {
           : "memory");
     }
 #endif
+  }
+};
+
+// Blocks per cluster a ClusterExchange serves at most.
+constexpr int kMaxExchangeCluster = 16;
+
+// Sends v to another block's shared memory (a shared::cluster address from mapa), completing its
+// bytes on that block's mbarrier `bar` (sm_90 st.async: no fence, no barrier).
+__device__ __forceinline__ void send_async(uint32_t addr, uint32_t bar, float v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];" ::"r"(addr), "f"(v), "r"(bar)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void send_async(uint32_t addr, uint32_t bar, float2 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];" ::"r"(addr),
+               "f"(v.x), "f"(v.y), "r"(bar)
+               : "memory");
+#endif
+}
+
+__device__ __forceinline__ uint32_t cluster_address(uint32_t local, int rank) {
+  uint32_t remote = local;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+#endif
+  return remote;
+}
+
+// The cluster's reduction of one value per block and row, without a cluster barrier: a cluster
+// barrier's release would also wait for every global store its threads issued before it (the
+// previous row's output), once per row. Instead block r sends its value to slot r of every
+// other block's inbox with st.async, which completes on the receiver's mbarrier; each block
+// waits on its own mbarrier and reduces its inbox, the same values in the same order in every
+// block. Rows alternate between two inboxes and mbarriers (parity): block B writes inbox p of
+// row k + 2 only after it has A's value of row k + 1, which A sends only once every one of its
+// threads is past row k's reads (the block barrier of row k + 1's reduction).
+template <typename V> struct ClusterExchange {
+  V (*inbox)[kMaxExchangeCluster];  // [2][kMaxExchangeCluster]
+  uint64_t* bars;                   // [2]
+  int cluster, rank;
+
+  // Before any block of the cluster sends: every block's mbarriers initialized.
+  __device__ void init() const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (cluster == 1) return;
+    if (threadIdx.x == 0) {
+      for (int p = 0; p < 2; ++p) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(&bars[p])));
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    cooperative_groups::this_cluster().sync();
+#endif
+  }
+  // Sends `value` (the same in every thread of the block) to every other block of the cluster and
+  // waits for theirs: returns the row's inbox, block r's value at [r], the same in every block.
+  // `phase` flips every second row. Only for clusters of more than one block.
+  __device__ const V* exchange(V value, int parity, uint32_t phase) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const uint32_t bar = shared_address(&bars[parity]);
+    if (threadIdx.x == 0) {
+      inbox[parity][rank] = value;  // released to the block's threads by the arrive below
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
+                   "r"(static_cast<uint32_t>((cluster - 1) * sizeof(V)))
+                   : "memory");
+    }
+    const int to = static_cast<int>(threadIdx.x);
+    if (to < cluster && to != rank) {
+      send_async(cluster_address(shared_address(&inbox[parity][rank]), to), cluster_address(bar, to), value);
+    }
+    uint32_t done = 0;
+    while (!done) {
+      asm volatile(
+          "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+          " selp.u32 %0, 1, 0, p;\n}"
+          : "=r"(done)
+          : "r"(bar), "r"(phase)
+          : "memory");
+    }
+#endif
+    return inbox[parity];
+  }
+};
+
+// Where a block is in its stage ring and in its cluster's inboxes; advanced once per row.
+struct StagedCursor {
+  int stage = 0;
+  int parity = 0;  // scratch and inbox buffer of this row
+  uint32_t phase = 0, exchange_phase = 0;
+  __device__ __forceinline__ void next(int stages) {
+    exchange_phase ^= parity;  // each inbox's mbarrier flips once every two rows
+    parity ^= 1;
+    if (++stage == stages) {
+      stage = 0;
+      phase ^= 1;
+    }
   }
 };
 

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "../common/cluster_launch.h"
 #include "../common/dispatch.cuh"
 #include "../common/occupancy.h"
 #include "../common/reduce.cuh"
@@ -34,6 +35,11 @@ namespace {
 // forward's grid, the register-sums backward's chunks a thread) on the H200.
 // Forward warp rows (<= 64 chunks): prefetching (two rows in flight a warp) vs one-row.
 constexpr bool kFwdWarpRowsPrefetch = false;
+// Warp rows (a warp per row, 4 rows a block, warp-shuffle reductions only) up to this many chunks
+// (64: 2 chunks a lane; 128: 4), forward and backward (32: 1 chunk a lane; 64: 2); longer rows
+// take block rows.
+constexpr int kFwdWarpRowsMaxChunks = 64;
+constexpr int kBwdWarpRowsMaxChunks = 32;
 // Forward block rows up to this many chunks run one-row kernels, longer ones prefetch (0: all
 // prefetch).
 constexpr int kFwdOneRowMaxChunks = 2048;
@@ -61,32 +67,34 @@ constexpr int kRmsBwdRegisterSumsChunks = 1;
 // registers a thread (more threads) vs more bytes in flight a thread.
 constexpr int kBwdSharedSumsChunks = 4;
 
-// Staged block rows (sm_90, 16-byte aligned rows; see "staged block rows"): block rows take the
-// staged kernels (rows in a shared-memory ring filled by bulk copies, several rows in flight per
-// block) rather than the register-row kernels: forward block rows (more than 64 chunks, at most
-// kStagedThreads * 8) and backward block rows (more than 32 chunks, at most kStagedThreads *
-// kBwdStagedMaxChunks: past 2 chunks a thread the backward's column sums spill).
-constexpr bool kFwdStaged = true;
-constexpr bool kBwdStaged = true;
+// Staged backward rows (sm_90, 16-byte aligned rows; see "staged block rows"): rows of more than
+// k{Ln,Rms}BwdStagedMinChunks chunks take the staged kernel (rows in a shared-memory ring filled by
+// bulk copies, several rows in flight per block) rather than the register-row or shared-sums
+// kernels; rows of more than kStagedThreads * kBwdStagedChunks chunks are split over a cluster of
+// blocks (at most kBwdStagedMaxCluster). Session 5 (launcher timing, H200): 2 chunks a thread
+// beat 1 by 3-10 points of copy for LayerNorm at N = 512-8192 (4 spill); the staged forward lost
+// 5-10 points to the register-row forward at every N and was removed; staged RMSNorm rows of up
+// to 1024 chunks lost 3-9 points to register rows.
+constexpr int kLnBwdStagedMinChunks = 128;
+constexpr int kRmsBwdStagedMinChunks = 1024;
+constexpr int kBwdStagedChunks = 2;
+constexpr int kBwdStagedMaxCluster = 8;
 // The ring bytes an SM aims for, split between the blocks its registers hold: each block's ring
 // holds as many whole stages (rows) as fit in its share, at least 2 and at most kStagedMaxStages.
 constexpr int kStagedSmBytes = 128 * 1024;
 constexpr int kStagedMaxStages = 8;
-// Staged chunks per thread, doubled while the row needs more than kStagedThreads threads.
-constexpr int kFwdStagedChunks = 2;
-constexpr int kBwdStagedChunks = 1;
-constexpr int kBwdStagedMaxChunks = 4;
 constexpr int kStagedThreads = 512;
 
+static_assert(kFwdWarpRowsMaxChunks == 64 || kFwdWarpRowsMaxChunks == 128);
+static_assert(kBwdWarpRowsMaxChunks == 32 || kBwdWarpRowsMaxChunks == 64);
 static_assert(kFwdOneRowChunks == 2 || kFwdOneRowChunks == 4 || kFwdOneRowChunks == 8);
 static_assert(kFwdPrefetchChunks == 2 || kFwdPrefetchChunks == 4 || kFwdPrefetchChunks == 8);
 static_assert(kLnBwdRegisterSumsMaxChunks <= 1024 && kRmsBwdRegisterSumsMaxChunks <= 1024);
 static_assert(kLnBwdRegisterSumsChunks == 1 || kLnBwdRegisterSumsChunks == 2);
 static_assert(kRmsBwdRegisterSumsChunks == 1 || kRmsBwdRegisterSumsChunks == 2);
 static_assert(kBwdSharedSumsChunks == 2 || kBwdSharedSumsChunks == 4);
-static_assert(kFwdStagedChunks == 1 || kFwdStagedChunks == 2 || kFwdStagedChunks == 4 || kFwdStagedChunks == 8);
-static_assert(kBwdStagedChunks == 1 || kBwdStagedChunks == 2 || kBwdStagedChunks == 4);
-static_assert(kBwdStagedMaxChunks >= kBwdStagedChunks && kBwdStagedMaxChunks <= 4);
+static_assert(kBwdStagedChunks == 1 || kBwdStagedChunks == 2);
+static_assert(kBwdStagedMaxCluster >= 1 && kBwdStagedMaxCluster <= 8);  // portable cluster sizes
 static_assert(kStagedMaxStages >= 2);
 
 constexpr int kMaxThreads = 1024;
@@ -150,16 +158,23 @@ struct RowGroup {
   }
 };
 
-// mean(g) (LayerNorm only) and mean(g * xhat) over the row.
-template <bool RMS, bool WARP_ROWS, typename A>
+// The group's row sums as they are: the whole row (see the staged kernel's cluster sums).
+struct GroupSumsAreRowSums {
+  template <typename A> __device__ void operator()(A&, A&) const {}
+};
+
+// mean(g) (LayerNorm only) and mean(g * xhat) over the row; row_sums(sum_g, sum_gx) turns the
+// group's sums into the row's.
+template <bool RMS, bool WARP_ROWS, typename A, class RowSums = GroupSumsAreRowSums>
 __device__ __forceinline__ void row_means(const RowGroup<WARP_ROWS>& group, A sum_g, A sum_gx, A inv_cols,
-                                          A (&scratch)[2][32], A& mean_g, A& mean_gx) {
+                                          A (&scratch)[2][32], A& mean_g, A& mean_gx, RowSums row_sums = {}) {
   if constexpr (RMS) {
     sum_g = A(0);
     sum_gx = group.sum(sum_gx, scratch[0]);
   } else {
     group.sum_pair(sum_g, sum_gx, scratch);
   }
+  row_sums(sum_g, sum_gx);
   mean_g = sum_g * inv_cols;
   mean_gx = sum_gx * inv_cols;
 }
@@ -396,84 +411,9 @@ __device__ __forceinline__ void load_fwd_row(const NormFwdParams& p, int64_t row
     load_chunks(row_start(static_cast<const T*>(p.residual), row * p.residual_row_stride), valid, group, cols, residual);
 }
 
-// Normalizes one row held in registers (raw, as loaded: `x` and, with ADD, `residual`) and writes
-// it. after_inputs() runs once the raw inputs have been consumed (their registers may be reused),
-// after_first_reduction() once every thread of the group has passed the row's first reduction
-// (and so is done with whatever it loaded the row from). Every thread of the block calls it for
-// every row step (the reductions need them all); `valid` says whether the group's row exists.
-template <bool RMS, bool ADD, bool RECENTER_EACH_PASS, typename T, typename W, int VEC, int VPT, bool WARP_ROWS,
-          typename A, class AfterInputs, class AfterFirstReduction>
-__device__ __forceinline__ void normalize_row(const NormFwdParams& p, const RowGroup<WARP_ROWS>& group, int64_t row,
-                                              bool valid, Chunks<T, VEC, VPT> x, const Chunks<T, VEC, VPT>& residual,
-                                              A (&scratch)[32], int cols, A inv_cols, AfterInputs after_inputs,
-                                              AfterFirstReduction after_first_reduction) {
-  if constexpr (ADD) {
-    T* residual_out_row = row_start(static_cast<T*>(p.residual_out), row * p.cols);
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      AlignedVector<T, VEC> rounded;
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) rounded.val[j] = from_acc<T>(x.get(k, j) + residual.get(k, j));
-      x.set(k, rounded);
-      const int col = (k * group.size + group.lane) * VEC;
-      if (valid && col < cols) store_vector<T, VEC>(residual_out_row + col, rounded);
-    }
-  }
-  after_inputs();
-  A sum = 0;
-#pragma unroll
-  for (int k = 0; k < VPT; ++k)
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) sum += x.get(k, j);
-  const A mean = RMS ? A(0) : group.sum(sum, scratch) * inv_cols;
-  if constexpr (!RMS) after_first_reduction();
-  if constexpr (RECENTER_EACH_PASS) forget_values(x);
-  A centered[VPT][VEC];
-  A squares = 0;
-#pragma unroll
-  for (int k = 0; k < VPT; ++k) {
-    if constexpr (!RECENTER_EACH_PASS) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) centered[k][j] = x.get(k, j) - mean;
-    }
-    if ((k * group.size + group.lane) * VEC < cols) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const A c = RECENTER_EACH_PASS ? x.get(k, j) - mean : centered[k][j];
-        squares += c * c;
-      }
-    }
-  }
-  const A rstd = inv_sqrt(group.sum(squares, scratch) * inv_cols + A(p.eps));
-  if constexpr (RMS) after_first_reduction();
-  if (!valid) return;
-  if constexpr (RECENTER_EACH_PASS) forget_values(x);
-  if (group.lane == 0) store_stats(p, row, mean, rstd, RMS);
-  Chunks<W, VEC, 1> ones, zeros;
-  fill_chunks(A(1), ones);
-  fill_chunks(A(0), zeros);
-  T* out_row = row_start(static_cast<T*>(p.out), row * p.cols);
-#pragma unroll
-  for (int k = 0; k < VPT; ++k) {
-    const int col = (k * group.size + group.lane) * VEC;
-    if (col >= cols) continue;
-    // Raw (W-typed) weight and bias, read per row (L1 hits): held across rows or converted they
-    // would cost registers (occupancy) in every kernel that is not already limited by them.
-    const auto w = column_chunk<W, VEC>(p.weight, col, ones);
-    const auto b = column_chunk<W, VEC>(p.bias, col, zeros);
-    AlignedVector<T, VEC> out;
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const A c = RECENTER_EACH_PASS ? x.get(k, j) - mean : centered[k][j];
-      out.val[j] = from_acc<T>(c * rstd * w.get(0, j) + b.get(0, j));
-    }
-    store_vector<T, VEC>(out_row + col, out);
-  }
-}
-
-// Forward, row held in registers (raw); blocks stride over rows. With PREFETCH the group's next
-// row is loaded before the current one is reduced (two raw copies of a row per thread); without
-// it each row is loaded when it starts. Weight and bias are read at the write, per row.
+// Forward, row held in registers (raw); blocks stride over rows. With PREFETCH the group's next row is loaded before the current one is reduced (two raw copies of a row
+// per thread); without it each row is loaded when it starts. Weight and bias are read at the
+// write, per row.
 // MAX_THREADS: the launch bound (registers per thread), without a minimum of blocks: ptxas picks
 // the occupancy.
 template <typename T, typename W, bool RMS, bool ADD, bool WARP_ROWS, int VEC, int VPT, bool PREFETCH,
@@ -490,6 +430,9 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdPara
   const RowGroup<WARP_ROWS> group;
   const int cols = static_cast<int>(p.cols);
   const A inv_cols = A(1) / A(cols);
+  Chunks<W, VEC, 1> ones, zeros;
+  fill_chunks(A(1), ones);
+  fill_chunks(A(0), zeros);
   RowWalk<WARP_ROWS> walk(group);
   Row next_x, next_residual;
   if constexpr (PREFETCH) load_fwd_row<ADD>(p, walk.row, walk.row < p.rows, group, cols, next_x, next_residual);
@@ -498,13 +441,65 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdPara
     const int64_t row = walk.row;
     const bool valid = row < p.rows;
     if constexpr (!PREFETCH) load_fwd_row<ADD>(p, row, valid, group, cols, next_x, next_residual);
-    normalize_row<RMS, ADD, kRecenterEachPass, T, W>(
-        p, group, row, valid, next_x, next_residual, scratch, cols, inv_cols,
-        [&] {
-          if constexpr (PREFETCH)
-            load_fwd_row<ADD>(p, row + walk.step, row + walk.step < p.rows, group, cols, next_x, next_residual);
-        },
-        [] {});
+    Row x = next_x;
+    if constexpr (ADD) {
+      T* residual_out_row = row_start(static_cast<T*>(p.residual_out), row * p.cols);
+#pragma unroll
+      for (int k = 0; k < VPT; ++k) {
+        AlignedVector<T, VEC> rounded;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) rounded.val[j] = from_acc<T>(x.get(k, j) + next_residual.get(k, j));
+        x.set(k, rounded);
+        const int col = (k * group.size + group.lane) * VEC;
+        if (valid && col < cols) store_vector<T, VEC>(residual_out_row + col, rounded);
+      }
+    }
+    if constexpr (PREFETCH)
+      load_fwd_row<ADD>(p, row + walk.step, row + walk.step < p.rows, group, cols, next_x, next_residual);
+    A sum = 0;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k)
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) sum += x.get(k, j);
+    const A mean = RMS ? A(0) : group.sum(sum, scratch) * inv_cols;
+    if constexpr (kRecenterEachPass) forget_values(x);
+    A centered[VPT][VEC];
+    A squares = 0;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      if constexpr (!kRecenterEachPass) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) centered[k][j] = x.get(k, j) - mean;
+      }
+      if ((k * group.size + group.lane) * VEC < cols) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const A c = kRecenterEachPass ? x.get(k, j) - mean : centered[k][j];
+          squares += c * c;
+        }
+      }
+    }
+    const A rstd = inv_sqrt(group.sum(squares, scratch) * inv_cols + A(p.eps));
+    if (!valid) continue;
+    if constexpr (kRecenterEachPass) forget_values(x);
+    if (group.lane == 0) store_stats(p, row, mean, rstd, RMS);
+    T* out_row = row_start(static_cast<T*>(p.out), row * p.cols);
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int col = (k * group.size + group.lane) * VEC;
+      if (col >= cols) continue;
+      // Raw (W-typed) weight and bias, read per row (L1 hits): held across rows or converted they
+      // would cost registers (occupancy) in every kernel that is not already limited by them.
+      const auto w = column_chunk<W, VEC>(p.weight, col, ones);
+      const auto b = column_chunk<W, VEC>(p.bias, col, zeros);
+      AlignedVector<T, VEC> out;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const A c = kRecenterEachPass ? x.get(k, j) - mean : centered[k][j];
+        out.val[j] = from_acc<T>(c * rstd * w.get(0, j) + b.get(0, j));
+      }
+      store_vector<T, VEC>(out_row + col, out);
+    }
   }
 }
 
@@ -552,12 +547,20 @@ __device__ __forceinline__ A* partial_at(void* buffer, const NormBwdParams& p, i
   return static_cast<A*>(buffer) + int64_t(blockIdx.x) * p.cols + col;
 }
 
-template <typename A, int VEC>
-__device__ __forceinline__ void store_partial(void* buffer, const NormBwdParams& p, int64_t col, const A (&v)[VEC]) {
-  AlignedVector<A, VEC> out;
+// Stores the group's column sums (per owned chunk) to `row` (columns below cols).
+template <int VEC, int VPT, bool WARP_ROWS, typename A>
+__device__ __forceinline__ void store_column_sums(A* row, const RowGroup<WARP_ROWS>& group, int64_t cols,
+                                                  const A (&sums)[VPT][VEC]) {
 #pragma unroll
-  for (int j = 0; j < VEC; ++j) out.val[j] = v[j];
-  store_vector<A, VEC>(partial_at<A, VEC>(buffer, p, col), out);
+  for (int k = 0; k < VPT; ++k) {
+    const int64_t col = (int64_t(k) * group.size + group.lane) * VEC;
+    if (col < cols) {
+      AlignedVector<A, VEC> out;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) out.val[j] = sums[k][j];
+      store_vector<A, VEC>(row + col, out);
+    }
+  }
 }
 
 // Writes the block's column sums `sums` (per warp, per owned chunk) to partial[blockIdx.x]. With
@@ -581,11 +584,7 @@ __device__ __forceinline__ void write_block_partial(void* buffer, const NormBwdP
     }
     __syncthreads();
   } else {
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      const int64_t col = (int64_t(k) * group.size + group.lane) * VEC;
-      if (col < p.cols) store_partial<A, VEC>(buffer, p, col, sums[k]);
-    }
+    store_column_sums(partial_at<A, VEC>(buffer, p, 0), group, p.cols, sums);
   }
 }
 
@@ -611,15 +610,18 @@ __device__ __forceinline__ void load_bwd_row(const NormBwdParams& p, int64_t row
 // there is one): writes dx and adds the row's terms to the column sums `dweight` / `dbias`.
 // after_reduction() runs once every thread of the group has passed the row's reductions. Every
 // thread of the block calls it for every row step; an invalid row (rstd 0, zeros) adds nothing.
+// The group holds the `cols` columns from col_begin of the row (all of it unless the row is split
+// over a cluster, whose blocks' sums row_sums (see row_means) adds up).
 // RECOMPUTE: xhat and g are recomputed from the raw row for dx rather than kept in fp32 registers
 // across the reductions (two more operations an element, half the registers).
 template <bool RMS, bool RECOMPUTE, typename T, typename W, int VEC, int VPT, bool WARP_ROWS, typename A,
-          class AfterReduction>
+          class AfterReduction, class RowSums = GroupSumsAreRowSums>
 __device__ __forceinline__ void backprop_row(const NormBwdParams& p, const RowGroup<WARP_ROWS>& group, int64_t row,
                                              bool valid, BwdRow<T, VEC, VPT>& now,
                                              const Chunks<T, VEC, VPT>& extra, const Chunks<W, VEC, VPT>& weight,
                                              A (&dweight)[VPT][VEC], A (&dbias)[VPT][VEC], A (&scratch)[2][32],
-                                             int cols, A inv_cols, AfterReduction after_reduction) {
+                                             int cols, A inv_cols, AfterReduction after_reduction,
+                                             int64_t col_begin = 0, RowSums row_sums = {}) {
   [[maybe_unused]] A xhat[RECOMPUTE ? 1 : VPT][VEC], g[RECOMPUTE ? 1 : VPT][VEC];
   A sum_g = 0, sum_gx = 0;
 #pragma unroll
@@ -640,14 +642,14 @@ __device__ __forceinline__ void backprop_row(const NormBwdParams& p, const RowGr
     }
   }
   A mean_g, mean_gx;
-  row_means<RMS>(group, sum_g, sum_gx, inv_cols, scratch, mean_g, mean_gx);
+  row_means<RMS>(group, sum_g, sum_gx, inv_cols, scratch, mean_g, mean_gx, row_sums);
   after_reduction();
   if (!valid) return;
   if constexpr (RECOMPUTE) {
     forget_values(now.x);
     forget_values(now.dy);
   }
-  T* dx_row = row_start(static_cast<T*>(p.dx), row * p.cols);
+  T* dx_row = row_start(static_cast<T*>(p.dx), row * p.cols + col_begin);
   // One loop per case (uniform branch): adding a zero residual_out gradient would cost an add a
   // element (x + 0 is not x for x = -0, so the compiler keeps it).
   const auto write_dx = [&](auto with_extra) {
@@ -710,95 +712,32 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_bwd_kernel(const NormBwdPara
   if (p.bias_partial != nullptr) write_block_partial<WARP_ROWS, VEC, VPT>(p.bias_partial, p, group, dbias);
 }
 
-// ---- staged block rows (sm_90) -------------------------------------------------------------
-// Block rows whose bytes in flight would otherwise be bounded by the registers (one row ahead):
-// a ring of shared-memory stages, each holding one row of every input tensor, filled by bulk
-// copies that thread 0 issues as soon as the block is done reading a stage (after the row's first
-// reduction), kStagedRingBytes-sized rings keeping several rows per block in flight through the
-// reductions and stores. Threads copy their chunks of the current row from the stage into
-// registers (same layout as register rows) and run the register-row code on them.
+// ---- staged backward rows (sm_90) --------------------------------------------------------------
+// Backward rows whose bytes in flight would otherwise be bounded by the registers (one row ahead,
+// next to the column sums): a ring of shared-memory stages, each holding one row of x, dy and
+// (add_* variants) the gradient reaching residual_out, filled by bulk copies that thread 0 issues
+// as soon as the block is done reading a stage (after the row's reductions), so that several rows
+// per block stay in flight through the reductions and stores (see kStagedSmBytes). Threads copy
+// their chunks of the current row from the stage into registers (the register rows' layout) and
+// run the register-row code on them; the weight and the block's column sums stay in registers.
+// Rows too long for one block are split over a cluster of `cluster` blocks, block r owning the
+// slice_cols columns from r * slice_cols: the blocks add their row sums through distributed
+// shared memory (ClusterExchange), and partial row c of the column sums is cluster c's.
 
-// A ring of `stages` stages of `tensors` row slots of `slot_bytes` each (the row's bytes rounded
-// up to 128).
 struct StagedRows {
-  int stages;
-  int slot_bytes;
+  int stages;      // ring stages
+  int slot_bytes;  // a stage's bytes per tensor: the slice's bytes rounded up to 128
+  int cluster;     // blocks per row
+  int slice_cols;  // columns per block: cols / cluster, a multiple of the vector width
 };
 
-// The block's walk through its stages: stage index and the mbarrier phase it waits for.
-struct StageCursor {
-  int stage = 0;
-  uint32_t phase = 0;
-  __device__ __forceinline__ void next(int stages) {
-    if (++stage == stages) {
-      stage = 0;
-      phase ^= 1;
-    }
-  }
-};
-
-// This thread's chunks of a row held in shared memory at `slot` (zeros past the row's end).
+// This thread's chunks of a row slice held in shared memory at `slot` (zeros past its end).
 template <typename T, int VEC, int VPT>
 __device__ __forceinline__ void load_staged_chunks(const char* slot, const RowGroup<false>& group, int cols,
                                                    Chunks<T, VEC, VPT>& c) {
   load_chunks(reinterpret_cast<const T*>(slot), true, group, cols, c);
 }
 
-// Thread 0 fills the ring's first stages with the block's first rows (block b: rows b, b + grid,
-// ...); fill(stage, row) arms and copies one stage.
-template <class Fill>
-__device__ __forceinline__ void fill_first_stages(const StagedRows& shape, int64_t rows, Fill fill) {
-  if (threadIdx.x != 0) return;
-  for (int s = 0; s < shape.stages; ++s) {
-    const int64_t row = blockIdx.x + int64_t(s) * gridDim.x;
-    if (row >= rows) break;
-    fill(s, row);
-  }
-}
-
-template <typename T, typename W, bool RMS, bool ADD, int VEC, int VPT>
-__global__ void __launch_bounds__(kStagedThreads) norm_fwd_staged_kernel(const NormFwdParams p, StagedRows shape) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using A = acc_t<T>;
-  extern __shared__ uint4 stage_storage[];
-  __shared__ uint64_t full[kStagedMaxStages];
-  __shared__ A scratch[32];
-  const RowGroup<false> group;
-  const int cols = static_cast<int>(p.cols);
-  const A inv_cols = A(1) / A(cols);
-  constexpr int kTensors = ADD ? 2 : 1;
-  const StageRing ring{reinterpret_cast<char*>(stage_storage), full, shape.stages, kTensors * shape.slot_bytes};
-  ring.init();
-  const uint32_t row_bytes = static_cast<uint32_t>(p.cols * sizeof(T));
-  auto fill = [&](int stage, int64_t row) {  // thread 0
-    ring.arm(stage, kTensors * row_bytes);
-    ring.copy(stage, ring.stage(stage), static_cast<const T*>(p.x) + row * p.x_row_stride, row_bytes);
-    if constexpr (ADD) {
-      ring.copy(stage, ring.stage(stage) + shape.slot_bytes,
-                static_cast<const T*>(p.residual) + row * p.residual_row_stride, row_bytes);
-    }
-  };
-  fill_first_stages(shape, p.rows, fill);
-  const int64_t ahead = int64_t(shape.stages) * gridDim.x;
-  StageCursor at;
-  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
-    ring.wait(at.stage, at.phase);
-    Chunks<T, VEC, VPT> x, residual;
-    load_staged_chunks(ring.stage(at.stage), group, cols, x);
-    if constexpr (ADD) load_staged_chunks(ring.stage(at.stage) + shape.slot_bytes, group, cols, residual);
-    normalize_row<RMS, ADD, (VPT * VEC > 32), T, W>(p, group, row, true, x, residual, scratch, cols, inv_cols, [] {},
-                                                    [&] {
-                                                      if (threadIdx.x == 0 && row + ahead < p.rows)
-                                                        fill(at.stage, row + ahead);
-                                                    });
-    at.next(shape.stages);
-  }
-#endif
-}
-
-// Backward staged rows: a stage holds the row of x, of dy and (add_* variants) of the gradient
-// reaching residual_out; the weight and the block's column sums stay in registers as in
-// norm_bwd_kernel. The row's statistics are loaded one row ahead.
 template <typename T, typename W, bool RMS, int VEC, int VPT>
 __global__ void __launch_bounds__(kStagedThreads) norm_bwd_staged_kernel(const NormBwdParams p, StagedRows shape) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -806,59 +745,89 @@ __global__ void __launch_bounds__(kStagedThreads) norm_bwd_staged_kernel(const N
   extern __shared__ uint4 stage_storage[];
   __shared__ uint64_t full[kStagedMaxStages];
   __shared__ A scratch[2][32];
+  __shared__ float2 inbox[2][kMaxExchangeCluster];
+  __shared__ uint64_t exchange_bars[2];
   const RowGroup<false> group;
-  const int cols = static_cast<int>(p.cols);
-  const A inv_cols = A(1) / A(cols);
+  const int rank = static_cast<int>(blockIdx.x) % shape.cluster;
+  const int64_t col_begin = int64_t(rank) * shape.slice_cols;
+  const int cols = shape.slice_cols;
+  const A inv_cols = A(1) / A(p.cols);
   const bool has_extra = p.dresidual_out != nullptr;
   const int tensors = has_extra ? 3 : 2;
   const StageRing ring{reinterpret_cast<char*>(stage_storage), full, shape.stages, tensors * shape.slot_bytes};
   ring.init();
-  const uint32_t row_bytes = static_cast<uint32_t>(p.cols * sizeof(T));
+  const ClusterExchange<float2> exchange{inbox, exchange_bars, shape.cluster, rank};
+  exchange.init();
+  const uint32_t slice_bytes = static_cast<uint32_t>(cols * sizeof(T));
   auto fill = [&](int stage, int64_t row) {  // thread 0
     char* slot = ring.stage(stage);
-    ring.arm(stage, tensors * row_bytes);
-    ring.copy(stage, slot, static_cast<const T*>(p.x) + row * p.x_row_stride, row_bytes);
-    ring.copy(stage, slot + shape.slot_bytes, static_cast<const T*>(p.dy) + row * p.dy_row_stride, row_bytes);
+    ring.arm(stage, tensors * slice_bytes);
+    ring.copy(stage, slot, static_cast<const T*>(p.x) + row * p.x_row_stride + col_begin, slice_bytes);
+    ring.copy(stage, slot + shape.slot_bytes, static_cast<const T*>(p.dy) + row * p.dy_row_stride + col_begin,
+              slice_bytes);
     if (has_extra) {
       ring.copy(stage, slot + 2 * shape.slot_bytes,
-                static_cast<const T*>(p.dresidual_out) + row * p.dresidual_out_row_stride, row_bytes);
+                static_cast<const T*>(p.dresidual_out) + row * p.dresidual_out_row_stride + col_begin, slice_bytes);
     }
   };
-  fill_first_stages(shape, p.rows, fill);
+  // The cluster's rows: first, first + step, ...
+  const int64_t first = blockIdx.x / shape.cluster, step = gridDim.x / shape.cluster;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < shape.stages && first + s * step < p.rows; ++s) fill(s, first + s * step);
+  }
   Chunks<W, VEC, VPT> weight;
-  load_column_chunks(p.weight, A(1), group, cols, weight);
+  load_column_chunks(p.weight == nullptr ? nullptr : static_cast<const W*>(p.weight) + col_begin, A(1), group, cols,
+                     weight);
   A dweight[VPT][VEC], dbias[VPT][VEC];
 #pragma unroll
   for (int k = 0; k < VPT; ++k)
 #pragma unroll
     for (int j = 0; j < VEC; ++j) dweight[k][j] = dbias[k][j] = A(0);
-  const int64_t ahead = int64_t(shape.stages) * gridDim.x;
+  const int64_t ahead = int64_t(shape.stages) * step;
   auto stats = [&](int64_t row, A& mean, A& rstd) {
     const bool valid = row < p.rows;
     mean = (!RMS && valid) ? A(p.mean[row]) : A(0);
     rstd = valid ? A(p.rstd[row]) : A(0);
   };
   A next_mean, next_rstd;
-  stats(blockIdx.x, next_mean, next_rstd);
-  StageCursor at;
-  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+  stats(first, next_mean, next_rstd);
+  StagedCursor at;
+  // The blocks' sums of the row in rank order: the same bits in every block.
+  auto cluster_sums = [&](A& sum_g, A& sum_gx) {
+    if constexpr (std::is_same_v<A, float>) {
+      if (shape.cluster == 1) return;
+      const float2* sums = exchange.exchange(make_float2(sum_g, sum_gx), at.parity, at.exchange_phase);
+      sum_g = sum_gx = 0;
+      for (int r = 0; r < shape.cluster; ++r) {
+        sum_g += sums[r].x;
+        sum_gx += sums[r].y;
+      }
+    }
+  };
+  for (int64_t row = first; row < p.rows; row += step) {
     BwdRow<T, VEC, VPT> now;
     now.mean = next_mean;
     now.rstd = next_rstd;
-    stats(row + gridDim.x, next_mean, next_rstd);
+    stats(row + step, next_mean, next_rstd);
     ring.wait(at.stage, at.phase);
     const char* slot = ring.stage(at.stage);
     load_staged_chunks(slot, group, cols, now.x);
     load_staged_chunks(slot + shape.slot_bytes, group, cols, now.dy);
     Chunks<T, VEC, VPT> extra;
     if (has_extra) load_staged_chunks(slot + 2 * shape.slot_bytes, group, cols, extra);
-    backprop_row<RMS, (VPT * VEC > 16)>(p, group, row, true, now, extra, weight, dweight, dbias, scratch, cols, inv_cols, [&] {
-      if (threadIdx.x == 0 && row + ahead < p.rows) fill(at.stage, row + ahead);
-    });
+    backprop_row<RMS, (VPT * VEC > 16)>(
+        p, group, row, true, now, extra, weight, dweight, dbias, scratch, cols, inv_cols,
+        [&] {
+          if (threadIdx.x == 0 && row + ahead < p.rows) fill(at.stage, row + ahead);
+        },
+        col_begin, cluster_sums);
     at.next(shape.stages);
   }
-  if (p.weight_partial != nullptr) write_block_partial<false, VEC, VPT>(p.weight_partial, p, group, dweight);
-  if (p.bias_partial != nullptr) write_block_partial<false, VEC, VPT>(p.bias_partial, p, group, dbias);
+  const int64_t partial_offset = first * p.cols + col_begin;
+  if (p.weight_partial != nullptr)
+    store_column_sums(static_cast<A*>(p.weight_partial) + partial_offset, group, cols, dweight);
+  if (p.bias_partial != nullptr) store_column_sums(static_cast<A*>(p.bias_partial) + partial_offset, group, cols, dbias);
+  if (shape.cluster > 1) cooperative_groups::this_cluster().sync();  // no block exits while its inbox is written
 #endif
 }
 
@@ -1070,7 +1039,6 @@ int threads_for(int64_t chunks) {
 
 using FwdKernel = void (*)(NormFwdParams);
 using BwdKernel = void (*)(NormBwdParams);
-using StagedFwdKernel = void (*)(NormFwdParams, StagedRows);
 using StagedBwdKernel = void (*)(NormBwdParams, StagedRows);
 
 template <typename W>
@@ -1108,59 +1076,34 @@ int64_t persistent_blocks(Kernel kernel, int threads, int shared_bytes, int sms,
   return std::max<int64_t>(1, std::min<int64_t>(needed, int64_t(sms) * per_sm));
 }
 
-// The ring of a staged kernel of `threads` threads for rows of `row_bytes` per tensor and
-// `tensors` input tensors (see kStagedSmBytes), its dynamic shared memory reserved; stages = 0
-// (no error left behind) when two stages do not fit.
-template <typename Kernel>
-StagedRows staged_rows(Kernel kernel, int threads, int64_t row_bytes, int tensors, const DeviceLimits& device,
-                       int& shared_bytes) {
-  constexpr int64_t kStaticBytes = 1024;  // the kernels' mbarriers and reduction scratch
-  StagedRows shape{0, static_cast<int>((row_bytes + 127) / 128 * 128)};
+// The staged backward's shape for rows of `cols` columns (a multiple of VEC) and `tensors` input
+// tensors: blocks per row (a cluster for rows of more than kStagedThreads * kBwdStagedChunks
+// chunks, each block owning an equal slice, with fp32 row sums), `threads` a block and the ring
+// (see kStagedSmBytes; `shared_bytes` of dynamic shared memory). stages = 0 when the row does not
+// take staged rows.
+template <typename T, int VEC, typename Kernel>
+StagedRows staged_bwd_shape(Kernel kernel, int64_t cols, int tensors, const DeviceLimits& device, int& threads,
+                            int& shared_bytes) {
+  constexpr int64_t kStaticBytes = 1024;  // the kernel's mbarriers, reduction scratch and inboxes
+  constexpr int64_t kBlockChunks = int64_t(kStagedThreads) * kBwdStagedChunks;
+  StagedRows shape{0, 0, 1, 0};
+  const int64_t chunks = cols / VEC;
+  while (shape.cluster < kBwdStagedMaxCluster && chunks > shape.cluster * kBlockChunks) shape.cluster *= 2;
+  if (chunks > shape.cluster * kBlockChunks) return shape;
+  if (shape.cluster > 1 && (!std::is_same_v<acc_t<T>, float> || cols % (shape.cluster * VEC) != 0)) return shape;
+  shape.slice_cols = static_cast<int>(cols / shape.cluster);
+  threads = threads_for((shape.slice_cols / VEC + kBwdStagedChunks - 1) / kBwdStagedChunks);
+  shape.slot_bytes = static_cast<int>((shape.slice_cols * int64_t(sizeof(T)) + 127) / 128 * 128);
   const int64_t stage_bytes = int64_t(tensors) * shape.slot_bytes;
   const int64_t fit = (device.max_shared - kStaticBytes) / stage_bytes;
   const int64_t blocks_per_sm = std::max(1, cached_blocks_per_sm(kernel, threads, 0));
-  const int64_t wanted = std::clamp<int64_t>(kStagedSmBytes / (blocks_per_sm * stage_bytes), 2, kStagedMaxStages);
-  const int64_t stages = std::min(fit, wanted);
-  if (stages < 2) return shape;
-  shared_bytes = static_cast<int>(stages * stage_bytes);
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes) != cudaSuccess) {
-    cudaGetLastError();
-    return shape;
+  const int64_t stages =
+      std::min(fit, std::clamp<int64_t>(kStagedSmBytes / (blocks_per_sm * stage_bytes), 2, kStagedMaxStages));
+  if (stages >= 2) {
+    shape.stages = static_cast<int>(stages);
+    shared_bytes = static_cast<int>(stages * stage_bytes);
   }
-  shape.stages = static_cast<int>(stages);
   return shape;
-}
-
-// The staged kernel for rows of `chunks` chunks: VPT chunks per thread, doubled up to MAX_VPT
-// while the row needs more than kStagedThreads threads; `threads` its block size.
-template <int VPT, int MAX_VPT, class KernelFor>
-auto staged_kernel_for(int64_t chunks, int& threads, KernelFor kernel_for) {
-  if constexpr (VPT < MAX_VPT) {
-    if (chunks > int64_t(kStagedThreads) * VPT) return staged_kernel_for<2 * VPT, MAX_VPT>(chunks, threads, kernel_for);
-  }
-  threads = threads_for((chunks + VPT - 1) / VPT);
-  return kernel_for(std::integral_constant<int, VPT>{});
-}
-
-// Forward staged rows on sm_90 (see kFwdStaged); cudaErrorNotSupported, with nothing launched,
-// when the shape does not take them.
-template <typename T, typename W, bool RMS, bool ADD, int VEC>
-cudaError_t launch_fwd_staged(const NormFwdParams& p, int64_t chunks, cudaStream_t stream) {
-  if constexpr (kFwdStaged && VEC == kVec16<T>) {
-    if (chunks <= 64 || chunks > int64_t(kStagedThreads) * 8) return cudaErrorNotSupported;
-    const DeviceLimits device = device_limits();
-    if (device.major < 9) return cudaErrorNotSupported;
-    int threads = 0, shared_bytes = 0;
-    const StagedFwdKernel kernel = staged_kernel_for<kFwdStagedChunks, 8>(chunks, threads, [](auto vpt) {
-      return norm_fwd_staged_kernel<T, W, RMS, ADD, VEC, decltype(vpt)::value>;
-    });
-    const StagedRows shape = staged_rows(kernel, threads, p.cols * int64_t(sizeof(T)), ADD ? 2 : 1, device, shared_bytes);
-    if (shape.stages == 0) return cudaErrorNotSupported;
-    const int64_t blocks = persistent_blocks(kernel, threads, shared_bytes, device.sms, p.rows);
-    kernel<<<static_cast<unsigned>(blocks), threads, shared_bytes, stream>>>(p, shape);
-    return cudaGetLastError();
-  }
-  return cudaErrorNotSupported;
 }
 
 struct FwdLaunch {
@@ -1192,8 +1135,6 @@ template <typename T, typename W, bool RMS, bool ADD, int VEC>
 cudaError_t launch_fwd_with(const NormFwdParams& p, cudaStream_t stream) {
   constexpr bool kWarpPrefetch = kFwdWarpRowsPrefetch;
   const int64_t chunks = (p.cols + VEC - 1) / VEC;
-  const cudaError_t staged = launch_fwd_staged<T, W, RMS, ADD, VEC>(p, chunks, stream);
-  if (staged != cudaErrorNotSupported) return staged;
   FwdLaunch launch;
   if (chunks <= 32) {
     launch = {norm_fwd_kernel<T, W, RMS, ADD, true, VEC, 1, kWarpPrefetch, kWarpRowsThreads>, kWarpRowsThreads,
@@ -1201,6 +1142,9 @@ cudaError_t launch_fwd_with(const NormFwdParams& p, cudaStream_t stream) {
   } else if (chunks <= 64) {
     launch = {norm_fwd_kernel<T, W, RMS, ADD, true, VEC, 2, kWarpPrefetch, kWarpRowsThreads>, kWarpRowsThreads,
               kWarpRowsGroups, kWarpPrefetch || kFwdResidentGrid};
+  } else if (kFwdWarpRowsMaxChunks > 64 && chunks <= kFwdWarpRowsMaxChunks) {
+    launch = {norm_fwd_kernel<T, W, RMS, ADD, true, VEC, kFwdWarpRowsMaxChunks / 32, kWarpPrefetch, kWarpRowsThreads>,
+              kWarpRowsThreads, kWarpRowsGroups, kWarpPrefetch || kFwdResidentGrid};
   } else if (chunks <= kFwdOneRowMaxChunks) {
     launch = block_rows_launch<T, W, RMS, ADD, VEC, kFwdOneRowChunks, false, kFwdOneRowMaxChunks>(chunks);
   } else {
@@ -1241,9 +1185,10 @@ struct BwdPlan {
   bool bias_from_dy;  // dbias summed over dy's columns after the kernel, not by it
 };
 
-// Register rows: a warp per row (4 rows per block) up to 32 chunks, else a block per row with
-// k{Ln,Rms}BwdRegisterSumsChunks chunks per thread (column sums in registers) up to
-// k{Ln,Rms}BwdRegisterSumsMaxChunks, then
+// Staged rows on sm_90 past k{Ln,Rms}BwdStagedMinChunks (16-byte rows whose slices fit; see
+// staged_bwd_shape), else register rows: a warp per row (4 rows per block) up to
+// kBwdWarpRowsMaxChunks chunks, else a block per row with k{Ln,Rms}BwdRegisterSumsChunks chunks
+// per thread (column sums in registers) up to k{Ln,Rms}BwdRegisterSumsMaxChunks, then
 // kBwdSharedSumsChunks (doubled to 4 past 1024 chunks) chunks per thread of at most 512 threads
 // with the column sums in shared memory up to 2048 chunks when the sums fit; longer rows stream.
 // Persistent grid, at most one block per row group.
@@ -1257,24 +1202,27 @@ BwdPlan plan_bwd_with(const NormBwdParams& p) {
   plan.shared_bytes = 0;
   plan.bias_from_dy = false;
   plan.staged_kernel = nullptr;
-  if constexpr (kBwdStaged && VEC == kVec16<T>) {
-    if (device.major >= 9 && chunks > 32 && chunks <= int64_t(kStagedThreads) * kBwdStagedMaxChunks) {
-      const StagedBwdKernel kernel = staged_kernel_for<kBwdStagedChunks, kBwdStagedMaxChunks>(chunks, plan.threads, [](auto vpt) {
-        return norm_bwd_staged_kernel<T, W, RMS, VEC, decltype(vpt)::value>;
-      });
+  if constexpr (VEC == kVec16<T>) {
+    if (device.major >= 9 && chunks > (RMS ? kRmsBwdStagedMinChunks : kLnBwdStagedMinChunks)) {
+      const StagedBwdKernel kernel = norm_bwd_staged_kernel<T, W, RMS, VEC, kBwdStagedChunks>;
       const int tensors = p.dresidual_out != nullptr ? 3 : 2;
-      plan.staged = staged_rows(kernel, plan.threads, p.cols * int64_t(sizeof(T)), tensors, device, plan.shared_bytes);
+      plan.staged = staged_bwd_shape<T, VEC>(kernel, p.cols, tensors, device, plan.threads, plan.shared_bytes);
       if (plan.staged.stages > 0) {
-        plan.staged_kernel = kernel;
-        plan.blocks = persistent_blocks(kernel, plan.threads, plan.shared_bytes, device.sms, p.rows);
-        return plan;
+        ClusterLaunch<StagedBwdKernel> wave(kernel, plan.staged.cluster, plan.threads, plan.shared_bytes, nullptr);
+        const int active = wave.active();
+        if (active > 0) {
+          plan.staged_kernel = kernel;
+          plan.blocks = std::min<int64_t>(p.rows, active);  // partial rows: one a cluster
+          return plan;
+        }
       }
       plan.shared_bytes = 0;
     }
   }
   int groups = 1;
-  if (chunks <= 32) {
-    plan.kernel = norm_bwd_kernel<T, W, RMS, true, VEC, 1, kWarpRowsThreads>;
+  if (chunks <= kBwdWarpRowsMaxChunks) {
+    plan.kernel = chunks <= 32 ? norm_bwd_kernel<T, W, RMS, true, VEC, 1, kWarpRowsThreads>
+                               : norm_bwd_kernel<T, W, RMS, true, VEC, kBwdWarpRowsMaxChunks / 32, kWarpRowsThreads>;
     plan.threads = kWarpRowsThreads, groups = kWarpRowsGroups;
   } else if (chunks <= kRegisterSumsMaxChunks) {
     constexpr int kChunks = RMS ? kRmsBwdRegisterSumsChunks : kLnBwdRegisterSumsChunks;
@@ -1365,13 +1313,15 @@ cudaError_t launch_bwd(const NormBwdParams& p, cudaStream_t stream) {
   const BwdPlan plan = plan_bwd<T, W, RMS>(p);
   NormBwdParams kernel_params = p;
   if (plan.bias_from_dy) kernel_params.bias_partial = nullptr;
-  if (plan.staged_kernel != nullptr) {
-    plan.staged_kernel<<<static_cast<unsigned>(plan.blocks), plan.threads, plan.shared_bytes, stream>>>(kernel_params,
-                                                                                                        plan.staged);
+  cudaError_t err;
+  if (plan.staged_kernel != nullptr) {  // the kernel's attributes were set by the plan
+    err = ClusterLaunch<StagedBwdKernel>(plan.staged_kernel, plan.staged.cluster, plan.threads, plan.shared_bytes,
+                                         stream)
+              .launch(plan.blocks, kernel_params, plan.staged);
   } else {
     plan.kernel<<<static_cast<unsigned>(plan.blocks), plan.threads, plan.shared_bytes, stream>>>(kernel_params);
+    err = cudaGetLastError();
   }
-  cudaError_t err = cudaGetLastError();
   A* weight_partial = static_cast<A*>(p.weight_partial);
   A* bias_partial = static_cast<A*>(p.bias_partial);
   if (err == cudaSuccess && p.dweight != nullptr) {

@@ -34,6 +34,7 @@
 
 #include <cooperative_groups.h>
 
+#include "../common/cluster_launch.h"
 #include "../common/dispatch.cuh"
 #include "../common/fast_divmod.cuh"
 #include "../common/occupancy.h"
@@ -1109,7 +1110,7 @@ constexpr int kWideChunkBytes = 64 * 1024;    // a block's chunk of a row (per t
 constexpr int kNarrowChunkBytes = 32 * 1024;  // the backward's while a cluster of 8 holds the row
 constexpr int kStagedRingBytes = 192 * 1024;  // shared memory of the stage ring (one block per SM)
 constexpr int kMaxStages = 16;
-constexpr int kStagedMaxCluster = 16;
+constexpr int kStagedMaxCluster = kMaxExchangeCluster;
 
 // The shape of a staged launch, fixed per row length: blocks per row, stages in the ring, and
 // the bytes a stage reserves per tensor (a chunk, or the whole row when it is shorter).
@@ -1168,14 +1169,7 @@ __device__ __forceinline__ V staged_block_reduce(V value, Op op, V (&scratch)[2]
   return warp_all_reduce<kWarps>(scratch[parity][lane % kWarps], op);
 }
 
-// Sends v to another block's shared memory (a shared::cluster address from mapa), completing its
-// bytes on that block's mbarrier `bar` (sm_90 st.async: no fence, no barrier).
-__device__ __forceinline__ void send_async(uint32_t addr, uint32_t bar, float v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];" ::"r"(addr), "f"(v), "r"(bar)
-               : "memory");
-#endif
-}
+// st.async of a (max, sum) pair (see send_async in stage_ring.cuh).
 __device__ __forceinline__ void send_async(uint32_t addr, uint32_t bar, MaxSum<float> v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];" ::"r"(addr),
@@ -1184,85 +1178,16 @@ __device__ __forceinline__ void send_async(uint32_t addr, uint32_t bar, MaxSum<f
 #endif
 }
 
-__device__ __forceinline__ uint32_t cluster_address(uint32_t local, int rank) {
-  uint32_t remote = local;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
-#endif
-  return remote;
+// The cluster's reduction of one value per block and row (see ClusterExchange): every group of
+// kMaxExchangeCluster lanes reduces all the blocks' values, in the same order.
+template <typename V, class Op>
+__device__ __forceinline__ V cluster_exchange_reduce(const ClusterExchange<V>& exchange, V value, Op op, V identity,
+                                                     int parity, uint32_t phase) {
+  if (exchange.cluster == 1) return value;
+  const V* inbox = exchange.exchange(value, parity, phase);
+  const int from = threadIdx.x % kMaxExchangeCluster;
+  return warp_all_reduce<kMaxExchangeCluster>(from < exchange.cluster ? inbox[from] : identity, op);
 }
-
-// The cluster's reduction of one value per block and row, without a cluster barrier: a cluster
-// barrier's release would also wait for every global store its threads issued before it (the
-// previous row's output), once per row. Instead block r sends its value to slot r of every
-// other block's inbox with st.async, which completes on the receiver's mbarrier; each block
-// waits on its own mbarrier and reduces its inbox, the same values in the same order in every
-// block. Rows alternate between two inboxes and mbarriers (parity): block B writes inbox p of
-// row k + 2 only after it has A's value of row k + 1, which A sends only once every one of its
-// threads is past row k's reads (the block barrier of row k + 1's reduction).
-template <typename V> struct ClusterExchange {
-  V (*inbox)[kStagedMaxCluster];  // [2][kStagedMaxCluster]
-  uint64_t* bars;                 // [2]
-  int cluster, rank;
-
-  // Before any block of the cluster sends: every block's mbarriers initialized.
-  __device__ void init() const {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (cluster == 1) return;
-    if (threadIdx.x == 0) {
-      for (int p = 0; p < 2; ++p) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(&bars[p])));
-      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    cg::this_cluster().sync();
-#endif
-  }
-  // `value` is the same in every thread of the block; `phase` flips every second row.
-  template <class Op> __device__ V reduce(V value, Op op, V identity, int parity, uint32_t phase) const {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (cluster == 1) return value;
-    const uint32_t bar = shared_address(&bars[parity]);
-    if (threadIdx.x == 0) {
-      inbox[parity][rank] = value;  // released to the block's threads by the arrive below
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
-                   "r"(static_cast<uint32_t>((cluster - 1) * sizeof(V)))
-                   : "memory");
-    }
-    const int to = static_cast<int>(threadIdx.x);
-    if (to < cluster && to != rank) {
-      send_async(cluster_address(shared_address(&inbox[parity][rank]), to), cluster_address(bar, to), value);
-    }
-    uint32_t done = 0;
-    while (!done) {
-      asm volatile(
-          "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-          " selp.u32 %0, 1, 0, p;\n}"
-          : "=r"(done)
-          : "r"(bar), "r"(phase)
-          : "memory");
-    }
-    // Every group of kStagedMaxCluster lanes reduces all the blocks' values, in the same order.
-    const int from = threadIdx.x % kStagedMaxCluster;
-    return warp_all_reduce<kStagedMaxCluster>(from < cluster ? inbox[parity][from] : identity, op);
-#else
-    return value;
-#endif
-  }
-};
-
-// Where a block is in its stage ring and in its cluster's inboxes; advanced once per row.
-struct StagedCursor {
-  int stage = 0;
-  int parity = 0;  // scratch and inbox buffer of this row
-  uint32_t phase = 0, exchange_phase = 0;
-  __device__ __forceinline__ void next(int stages) {
-    exchange_phase ^= parity;  // each inbox's mbarrier flips once every two rows
-    parity ^= 1;
-    if (++stage == stages) {
-      stage = 0;
-      phase ^= 1;
-    }
-  }
-};
 
 // The frame of a staged kernel: thread 0 fills the ring's first stages with the block's first
 // rows, then rows(std::bool_constant<log>) runs the block's rows (softmax and log_softmax each
@@ -1358,7 +1283,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_forward_kernel(Forwa
       MaxSum<A> total = staged_block_reduce(MaxSum<A>{thread_max, sum}, MaxSumOp<T>{}, scratch, at.parity, [&] {
         if (threadIdx.x == 0 && row + ahead < a.rows) fill(at.stage, row + ahead);
       });
-      total = exchange.reduce(total, MaxSumOp<T>{}, identity, at.parity, at.exchange_phase);
+      total = cluster_exchange_reduce(exchange, total, MaxSumOp<T>{}, identity, at.parity, at.exchange_phase);
       // A row without a finite logit has sum 0: probabilities 0, log-probabilities -inf.
       const A row_max = total.max == neg_inf<A>() ? A(0) : total.max;
       const A inv_sum = total.sum == A(0) ? A(0) : A(1) / total.sum;
@@ -1449,7 +1374,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_backward_kernel(Back
       sum = staged_block_reduce(sum, SumOp{}, scratch, at.parity, [&] {
         if (threadIdx.x == 0 && row + ahead < a.rows) fill(at.stage, row + ahead);
       });
-      sum = exchange.reduce(sum, SumOp{}, A(0), at.parity, at.exchange_phase);
+      sum = cluster_exchange_reduce(exchange, sum, SumOp{}, A(0), at.parity, at.exchange_phase);
 #pragma unroll
       for (int i = 0; i < VECS; ++i) {
         opaque(va[i]);
@@ -1609,29 +1534,10 @@ cudaError_t launch_register_rows(Kernel kernel, const Args& args, int group, boo
 template <class Kernel, class... KernelArgs>
 cudaError_t launch_cluster_wave(Kernel kernel, int64_t rows, int cluster, int threads, int shared_bytes,
                                 cudaStream_t stream, const KernelArgs&... kernel_args) {
-  cudaLaunchAttribute attribute;
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = cluster;
-  attribute.val.clusterDim.y = 1;
-  attribute.val.clusterDim.z = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(cluster));
-  config.blockDim = dim3(threads);
-  config.dynamicSmemBytes = static_cast<size_t>(shared_bytes);
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  if ((shared_bytes > 0 &&
-       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes) != cudaSuccess) ||
-      (cluster > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)) {
-    cudaGetLastError();  // clear the error: the caller falls back
-    return cudaErrorNotSupported;
-  }
-  const int active = cached_active_clusters(kernel, config, cluster);
+  ClusterLaunch<Kernel> wave(kernel, cluster, threads, shared_bytes, stream);
+  const int active = wave.active();
   if (active == 0) return cudaErrorNotSupported;
-  config.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(rows, active) * cluster));
-  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, kernel_args...);
-  return err != cudaSuccess ? err : cudaGetLastError();
+  return wave.launch(std::min<int64_t>(rows, active), kernel_args...);
 }
 
 // Staged rows: one resident wave of clusters (one block per SM, its stage ring in dynamic shared
