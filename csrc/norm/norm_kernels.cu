@@ -738,17 +738,21 @@ __device__ __forceinline__ void load_staged_chunks(const char* slot, const RowGr
   load_chunks(reinterpret_cast<const T*>(slot), true, group, cols, c);
 }
 
-template <typename T, typename W, bool RMS, int VEC, int VPT>
+// CLUSTER: rows split over clusters (shape.cluster > 1, fp32 sums) or one block per row, compiled
+// without the exchange (its code costs the single-block rows ~10 points of copy).
+template <typename T, typename W, bool RMS, int VEC, int VPT, bool CLUSTER>
 __global__ void __launch_bounds__(kStagedThreads) norm_bwd_staged_kernel(const NormBwdParams p, StagedRows shape) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using A = acc_t<T>;
+  static_assert(!CLUSTER || std::is_same_v<A, float>, "cluster rows exchange fp32 sums");
   extern __shared__ uint4 stage_storage[];
   __shared__ uint64_t full[kStagedMaxStages];
   __shared__ A scratch[2][32];
   __shared__ float2 inbox[2][kMaxExchangeCluster];
   __shared__ uint64_t exchange_bars[2];
   const RowGroup<false> group;
-  const int rank = static_cast<int>(blockIdx.x) % shape.cluster;
+  const int cluster = CLUSTER ? shape.cluster : 1;
+  const int rank = CLUSTER ? static_cast<int>(blockIdx.x) % cluster : 0;
   const int64_t col_begin = int64_t(rank) * shape.slice_cols;
   const int cols = shape.slice_cols;
   const A inv_cols = A(1) / A(p.cols);
@@ -756,8 +760,8 @@ __global__ void __launch_bounds__(kStagedThreads) norm_bwd_staged_kernel(const N
   const int tensors = has_extra ? 3 : 2;
   const StageRing ring{reinterpret_cast<char*>(stage_storage), full, shape.stages, tensors * shape.slot_bytes};
   ring.init();
-  const ClusterExchange<float2> exchange{inbox, exchange_bars, shape.cluster, rank};
-  exchange.init();
+  const ClusterExchange<float2> exchange{inbox, exchange_bars, cluster, rank};
+  if constexpr (CLUSTER) exchange.init();
   const uint32_t slice_bytes = static_cast<uint32_t>(cols * sizeof(T));
   auto fill = [&](int stage, int64_t row) {  // thread 0
     char* slot = ring.stage(stage);
@@ -771,7 +775,7 @@ __global__ void __launch_bounds__(kStagedThreads) norm_bwd_staged_kernel(const N
     }
   };
   // The cluster's rows: first, first + step, ...
-  const int64_t first = blockIdx.x / shape.cluster, step = gridDim.x / shape.cluster;
+  const int64_t first = blockIdx.x / cluster, step = gridDim.x / cluster;
   if (threadIdx.x == 0) {
     for (int s = 0; s < shape.stages && first + s * step < p.rows; ++s) fill(s, first + s * step);
   }
@@ -794,11 +798,10 @@ __global__ void __launch_bounds__(kStagedThreads) norm_bwd_staged_kernel(const N
   StagedCursor at;
   // The blocks' sums of the row in rank order: the same bits in every block.
   auto cluster_sums = [&](A& sum_g, A& sum_gx) {
-    if constexpr (std::is_same_v<A, float>) {
-      if (shape.cluster == 1) return;
+    if constexpr (CLUSTER) {
       const float2* sums = exchange.exchange(make_float2(sum_g, sum_gx), at.parity, at.exchange_phase);
       sum_g = sum_gx = 0;
-      for (int r = 0; r < shape.cluster; ++r) {
+      for (int r = 0; r < cluster; ++r) {
         sum_g += sums[r].x;
         sum_gx += sums[r].y;
       }
@@ -827,7 +830,7 @@ __global__ void __launch_bounds__(kStagedThreads) norm_bwd_staged_kernel(const N
   if (p.weight_partial != nullptr)
     store_column_sums(static_cast<A*>(p.weight_partial) + partial_offset, group, cols, dweight);
   if (p.bias_partial != nullptr) store_column_sums(static_cast<A*>(p.bias_partial) + partial_offset, group, cols, dbias);
-  if (shape.cluster > 1) cooperative_groups::this_cluster().sync();  // no block exits while its inbox is written
+  if constexpr (CLUSTER) cooperative_groups::this_cluster().sync();  // no block exits while its inbox is written
 #endif
 }
 
@@ -1204,7 +1207,11 @@ BwdPlan plan_bwd_with(const NormBwdParams& p) {
   plan.staged_kernel = nullptr;
   if constexpr (VEC == kVec16<T>) {
     if (device.major >= 9 && chunks > (RMS ? kRmsBwdStagedMinChunks : kLnBwdStagedMinChunks)) {
-      const StagedBwdKernel kernel = norm_bwd_staged_kernel<T, W, RMS, VEC, kBwdStagedChunks>;
+      StagedBwdKernel kernel = norm_bwd_staged_kernel<T, W, RMS, VEC, kBwdStagedChunks, false>;
+      if constexpr (std::is_same_v<A, float>) {
+        if (chunks > int64_t(kStagedThreads) * kBwdStagedChunks)
+          kernel = norm_bwd_staged_kernel<T, W, RMS, VEC, kBwdStagedChunks, true>;
+      }
       const int tensors = p.dresidual_out != nullptr ? 3 : 2;
       plan.staged = staged_bwd_shape<T, VEC>(kernel, p.cols, tensors, device, plan.threads, plan.shared_bytes);
       if (plan.staged.stages > 0) {
@@ -1314,10 +1321,14 @@ cudaError_t launch_bwd(const NormBwdParams& p, cudaStream_t stream) {
   NormBwdParams kernel_params = p;
   if (plan.bias_from_dy) kernel_params.bias_partial = nullptr;
   cudaError_t err;
-  if (plan.staged_kernel != nullptr) {  // the kernel's attributes were set by the plan
+  if (plan.staged_kernel != nullptr && plan.staged.cluster > 1) {  // the kernel's attributes were set by the plan
     err = ClusterLaunch<StagedBwdKernel>(plan.staged_kernel, plan.staged.cluster, plan.threads, plan.shared_bytes,
                                          stream)
               .launch(plan.blocks, kernel_params, plan.staged);
+  } else if (plan.staged_kernel != nullptr) {
+    plan.staged_kernel<<<static_cast<unsigned>(plan.blocks), plan.threads, plan.shared_bytes, stream>>>(kernel_params,
+                                                                                                        plan.staged);
+    err = cudaGetLastError();
   } else {
     plan.kernel<<<static_cast<unsigned>(plan.blocks), plan.threads, plan.shared_bytes, stream>>>(kernel_params);
     err = cudaGetLastError();
