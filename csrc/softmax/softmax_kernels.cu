@@ -1145,11 +1145,10 @@ template <typename T, int VECS> struct StagedSlice {
 
 using PackedWords = AlignedVector<uint32_t, 4>;  // a 16-byte vector of 16-bit pairs
 
-// The max of mul_rn(x, scale) over the live vectors' elements x, NaNs skipped (-inf if none),
-// for 16-bit T and a finite nonzero scale: mul_rn(., scale) is monotone (decreasing for
-// scale < 0) and NaN only at NaN, so that is mul_rn(max x, scale), or of min x, the fold taken
-// two raw elements an instruction (__hmax2 skips NaN like fmaxf). Equal to the element-wise
-// fmaxf fold up to the sign of a zero max, which reaches no output but a zero log-probability's.
+// The thread's max logit, mul_rn(x, scale) over its live 16-bit elements x, NaNs skipped (-inf
+// if none), two raw elements an instruction. Exact for a finite nonzero scale: mul_rn(., scale)
+// is monotone (decreasing if scale < 0) and NaN only at NaN, which __hmax2/__hmin2 skip as fmaxf
+// does, so it is mul_rn(max x, scale) (min x). The element-wise fold may differ in a zero's sign.
 template <typename T, int VECS>
 __device__ __forceinline__ float packed_max_logit(const StagedSlice<T, VECS>& slice, const PackedWords (&words)[VECS],
                                                   float scale) {
