@@ -237,6 +237,17 @@ def test_softmax_rows_loop(shape, dtype, log):
     _check_softmax(shape, dtype, log, scale=1.3)
 
 
+# The staged 16-bit forward takes the max logit over the raw inputs (their min for a negative
+# scale) where the scale is finite and nonzero, element by element otherwise (0: every logit 0).
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(300, 40008), (30, 262144)], ids=str)
+@pytest.mark.parametrize("scale", [-0.6, 0.0])
+def test_staged_rows_negative_and_zero_scale(shape, dtype, scale):
+    for log in (False, True):
+        _check_softmax(shape, dtype, log, scale=scale)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
 def test_masked_rows_loop(causal):

@@ -1111,6 +1111,9 @@ constexpr int kNarrowChunkBytes = 32 * 1024;  // the backward's while a cluster 
 constexpr int kStagedRingBytes = 192 * 1024;  // shared memory of the stage ring (one block per SM)
 constexpr int kMaxStages = 16;
 constexpr int kStagedMaxCluster = kMaxExchangeCluster;
+// 16-bit rows take the thread's max logit over the raw packed pairs (one __hmax2 per two
+// elements), scaled once, instead of unpacking and scaling each element (see packed_max_logit).
+constexpr bool kPackedMax = true;
 
 // The shape of a staged launch, fixed per row length: blocks per row, stages in the ring, and
 // the bytes a stage reserves per tensor (a chunk, or the whole row when it is shorter).
@@ -1140,6 +1143,45 @@ template <typename T, int VECS> struct StagedSlice {
   // Column (in the chunk) of the thread's vector i; live when inside the chunk.
   __device__ __forceinline__ int column(int i) const { return (i * kStagedThreads + static_cast<int>(threadIdx.x)) * kVec16<T>; }
 };
+
+using PackedWords = AlignedVector<uint32_t, 4>;  // a 16-byte vector of 16-bit pairs
+
+// The thread's max logit, mul_rn(x, scale) over its live 16-bit elements x, NaNs skipped (-inf
+// if none), two raw elements an instruction. Exact for a finite nonzero scale: mul_rn(., scale)
+// is monotone (decreasing if scale < 0) and NaN only at NaN, which __hmax2/__hmin2 skip as fmaxf
+// does, so it is mul_rn(max x, scale) (min x). The element-wise fold may differ in a zero's sign.
+template <typename T, int VECS>
+__device__ __forceinline__ float packed_max_logit(const StagedSlice<T, VECS>& slice, const PackedWords (&words)[VECS],
+                                                  float scale) {
+  using T2 = std::conditional_t<std::is_same<T, __half>::value, __half2, __nv_bfloat162>;
+  constexpr int kPairs = 4;
+  // A tree over each vector's pairs, then a fold over the vectors: a short dependent chain.
+  auto fold = [&](auto pick, float start) {
+    const T bound = from_acc<T>(start);
+    T2 m(bound, bound);
+#pragma unroll
+    for (int i = 0; i < VECS; ++i) {
+      if (slice.column(i) >= slice.len) continue;
+      T2 pairs[kPairs];
+      memcpy(pairs, words[i].val, sizeof(pairs));
+#pragma unroll
+      for (int width = kPairs / 2; width > 0; width /= 2)
+#pragma unroll
+        for (int k = 0; k < width; ++k) pairs[k] = pick(pairs[k], pairs[k + width]);
+      m = pick(m, pairs[0]);
+    }
+    return m;
+  };
+  float extreme;
+  if (scale > 0.0f) {
+    const T2 m = fold([](T2 p, T2 q) { return __hmax2(p, q); }, -std::numeric_limits<float>::infinity());
+    extreme = fmaxf(__low2float(m), __high2float(m));
+  } else {
+    const T2 m = fold([](T2 p, T2 q) { return __hmin2(p, q); }, std::numeric_limits<float>::infinity());
+    extreme = fminf(__low2float(m), __high2float(m));
+  }
+  return __fmul_rn(extreme, scale);
+}
 
 // Hides a vector's value from the compiler, so the values computed from it before are
 // recomputed after rather than kept live in (fp32) registers across the row's reductions.
@@ -1235,24 +1277,43 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_forward_kernel(Forwa
   // subtraction that follows), so the max pass and the exp passes see the same values: an FMA
   // would leave the max logit the rounding residual of its product, huge for huge logits.
   auto logit = [&](T x) { return mul_rn(to_acc(x), a.scale); };
+  // A zero or non-finite scale makes NaN logits of non-NaN inputs: those take the element-wise max.
+  constexpr bool kPacked = kPackedMax && sizeof(T) == 2;
+  const bool packed_max = kPacked && isfinite(a.scale) && a.scale != A(0);
   auto rows = [&](auto log_tag) {
     constexpr bool kLog = decltype(log_tag)::value;
     StagedCursor at;
     for (int64_t row = slice.first; row < a.rows; row += slice.step) {
       ring.wait(at.stage, at.phase);
       const T* chunk = reinterpret_cast<const T*>(ring.stage(at.stage));
+      // With the packed max the vectors are loaded as 32-bit words: loaded as 16-bit elements,
+      // ptxas kept one element a register and repacked the pairs (spills).
       Vec v[VECS];
-#pragma unroll
-      for (int i = 0; i < VECS; ++i) {
-        if (slice.column(i) < slice.len) v[i] = load_vector<T, VEC>(chunk + slice.column(i));
-      }
-      // The thread's max logit, then its sum of exp(logit - that max).
-      A thread_max = neg_inf<A>();
+      [[maybe_unused]] PackedWords words[kPacked ? VECS : 1];
 #pragma unroll
       for (int i = 0; i < VECS; ++i) {
         if (slice.column(i) >= slice.len) continue;
+        if constexpr (kPacked) {
+          words[i] = load_vector<uint32_t, 4>(reinterpret_cast<const uint32_t*>(chunk + slice.column(i)));
+        } else {
+          v[i] = load_vector<T, VEC>(chunk + slice.column(i));
+        }
+      }
+      if constexpr (kPacked) {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) thread_max = fmaxf(thread_max, logit(v[i].val[j]));
+        for (int i = 0; i < VECS; ++i) memcpy(&v[i], &words[i], sizeof(Vec));
+      }
+      // The thread's max logit, then its sum of exp(logit - that max).
+      A thread_max = neg_inf<A>();
+      if (packed_max) {
+        if constexpr (kPacked) thread_max = packed_max_logit(slice, words, a.scale);
+      } else {
+#pragma unroll
+        for (int i = 0; i < VECS; ++i) {
+          if (slice.column(i) >= slice.len) continue;
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) thread_max = fmaxf(thread_max, logit(v[i].val[j]));
+        }
       }
       const bool thread_empty = thread_max == neg_inf<A>();
       const A shift = thread_empty ? A(0) : thread_max;
