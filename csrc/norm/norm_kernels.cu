@@ -612,32 +612,26 @@ __device__ __forceinline__ void load_bwd_row(const NormBwdParams& p, int64_t row
 // thread of the block calls it for every row step; an invalid row (rstd 0, zeros) adds nothing.
 // The group holds the `cols` columns from col_begin of the row (all of it unless the row is split
 // over a cluster, whose blocks' sums row_sums (see row_means) adds up).
-// RECOMPUTE: xhat and g are recomputed from the raw row for dx rather than kept in fp32 registers
-// across the reductions (two more operations an element, half the registers).
-template <bool RMS, bool RECOMPUTE, typename T, typename W, int VEC, int VPT, bool WARP_ROWS, typename A,
+template <bool RMS, typename T, typename W, int VEC, int VPT, bool WARP_ROWS, typename A,
           class AfterReduction, class RowSums = GroupSumsAreRowSums>
 __device__ __forceinline__ void backprop_row(const NormBwdParams& p, const RowGroup<WARP_ROWS>& group, int64_t row,
-                                             bool valid, BwdRow<T, VEC, VPT>& now,
+                                             bool valid, const BwdRow<T, VEC, VPT>& now,
                                              const Chunks<T, VEC, VPT>& extra, const Chunks<W, VEC, VPT>& weight,
                                              A (&dweight)[VPT][VEC], A (&dbias)[VPT][VEC], A (&scratch)[2][32],
                                              int cols, A inv_cols, AfterReduction after_reduction,
                                              int64_t col_begin = 0, RowSums row_sums = {}) {
-  [[maybe_unused]] A xhat[RECOMPUTE ? 1 : VPT][VEC], g[RECOMPUTE ? 1 : VPT][VEC];
+  A xhat[VPT][VEC], g[VPT][VEC];
   A sum_g = 0, sum_gx = 0;
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       const A dy = now.dy.get(k, j);
-      const A xhat_kj = (now.x.get(k, j) - now.mean) * now.rstd;
-      const A g_kj = dy * weight.get(k, j);
-      if constexpr (!RECOMPUTE) {
-        xhat[k][j] = xhat_kj;
-        g[k][j] = g_kj;
-      }
-      sum_g += g_kj;
-      sum_gx += g_kj * xhat_kj;
-      dweight[k][j] += dy * xhat_kj;
+      xhat[k][j] = (now.x.get(k, j) - now.mean) * now.rstd;
+      g[k][j] = dy * weight.get(k, j);
+      sum_g += g[k][j];
+      sum_gx += g[k][j] * xhat[k][j];
+      dweight[k][j] += dy * xhat[k][j];
       if constexpr (!RMS) dbias[k][j] += dy;
     }
   }
@@ -645,10 +639,6 @@ __device__ __forceinline__ void backprop_row(const NormBwdParams& p, const RowGr
   row_means<RMS>(group, sum_g, sum_gx, inv_cols, scratch, mean_g, mean_gx, row_sums);
   after_reduction();
   if (!valid) return;
-  if constexpr (RECOMPUTE) {
-    forget_values(now.x);
-    forget_values(now.dy);
-  }
   T* dx_row = row_start(static_cast<T*>(p.dx), row * p.cols + col_begin);
   // One loop per case (uniform branch): adding a zero residual_out gradient would cost an add a
   // element (x + 0 is not x for x = -0, so the compiler keeps it).
@@ -660,9 +650,7 @@ __device__ __forceinline__ void backprop_row(const NormBwdParams& p, const RowGr
       AlignedVector<T, VEC> dx;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const A xhat_kj = RECOMPUTE ? (now.x.get(k, j) - now.mean) * now.rstd : xhat[k][j];
-        const A g_kj = RECOMPUTE ? now.dy.get(k, j) * weight.get(k, j) : g[k][j];
-        A v = now.rstd * (g_kj - mean_g - xhat_kj * mean_gx);
+        A v = now.rstd * (g[k][j] - mean_g - xhat[k][j] * mean_gx);
         if constexpr (decltype(with_extra)::value) v += extra.get(k, j);
         dx.val[j] = from_acc<T>(v);
       }
@@ -706,7 +694,7 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_bwd_kernel(const NormBwdPara
     if (p.dresidual_out != nullptr)
       load_chunks(row_start(static_cast<const T*>(p.dresidual_out), row * p.dresidual_out_row_stride), valid, group,
                   cols, extra);
-    backprop_row<RMS, false>(p, group, row, valid, now, extra, weight, dweight, dbias, scratch, cols, inv_cols, [] {});
+    backprop_row<RMS>(p, group, row, valid, now, extra, weight, dweight, dbias, scratch, cols, inv_cols, [] {});
   }
   if (p.weight_partial != nullptr) write_block_partial<WARP_ROWS, VEC, VPT>(p.weight_partial, p, group, dweight);
   if (p.bias_partial != nullptr) write_block_partial<WARP_ROWS, VEC, VPT>(p.bias_partial, p, group, dbias);
@@ -818,7 +806,7 @@ __global__ void __launch_bounds__(kStagedThreads) norm_bwd_staged_kernel(const N
     load_staged_chunks(slot + shape.slot_bytes, group, cols, now.dy);
     Chunks<T, VEC, VPT> extra;
     if (has_extra) load_staged_chunks(slot + 2 * shape.slot_bytes, group, cols, extra);
-    backprop_row<RMS, (VPT * VEC > 16)>(
+    backprop_row<RMS>(
         p, group, row, true, now, extra, weight, dweight, dbias, scratch, cols, inv_cols,
         [&] {
           if (threadIdx.x == 0 && row + ahead < p.rows) fill(at.stage, row + ahead);
