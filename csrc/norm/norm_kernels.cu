@@ -6,7 +6,9 @@
 // a thread always owns the same columns (which keeps the backward's column sums in registers).
 // Rows that fit (VPT chunks per thread) stay in registers between the reduction and the
 // write (grids: see "register rows" below); longer rows go to a streaming kernel that re-reads
-// them (from L2).
+// them (from L2). On sm_90 most backward block rows are staged instead: rows arrive through a
+// shared-memory ring filled by bulk copies, and long rows are split over a cluster (see "staged
+// backward rows").
 // Statistics: mean first, then the sum of squared deviations from it (two passes in registers,
 // accurate for rows with a large mean), all in fp32 (fp64 for fp64 input).
 #include <algorithm>
@@ -67,14 +69,14 @@ constexpr int kRmsBwdRegisterSumsChunks = 1;
 // registers a thread (more threads) vs more bytes in flight a thread.
 constexpr int kBwdSharedSumsChunks = 4;
 
-// Staged backward rows (sm_90, 16-byte aligned rows; see "staged block rows"): rows of more than
+// Staged backward rows (sm_90, 16-byte aligned rows; see "staged backward rows"): rows of more than
 // k{Ln,Rms}BwdStagedMinChunks chunks take the staged kernel (rows in a shared-memory ring filled by
 // bulk copies, several rows in flight per block) rather than the register-row or shared-sums
 // kernels; rows of more than kStagedThreads * kBwdStagedChunks chunks are split over a cluster of
-// blocks (at most kBwdStagedMaxCluster). Session 5 (launcher timing, H200): 2 chunks a thread
-// beat 1 by 3-10 points of copy for LayerNorm at N = 512-8192 (4 spill); the staged forward lost
-// 5-10 points to the register-row forward at every N and was removed; staged RMSNorm rows of up
-// to 1024 chunks lost 3-9 points to register rows.
+// blocks (at most kBwdStagedMaxCluster). Session 5 (launcher timing, H200): with 2 chunks a
+// thread, staged LayerNorm rows beat register rows by 3-10 points of copy at N = 2048-8192 (1
+// chunk lost 4-5 points, 4 chunks spill); staged RMSNorm rows of up to 1024 chunks lost 3-9
+// points to register rows; a staged forward lost 5-10 points at every N and was removed.
 constexpr int kLnBwdStagedMinChunks = 128;
 constexpr int kRmsBwdStagedMinChunks = 1024;
 constexpr int kBwdStagedChunks = 2;
