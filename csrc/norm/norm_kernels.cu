@@ -79,6 +79,11 @@ constexpr int kBwdSharedSumsChunks = 4;
 // points to register rows; a staged forward lost 5-10 points at every N and was removed.
 constexpr int kLnBwdStagedMinChunks = 128;
 constexpr int kRmsBwdStagedMinChunks = 1024;
+// add_* variants (the residual_out gradient a third tensor in every stage) take single-block
+// staged rows too. In session 5's full run add_layer_norm's backward at N = 2048 / 4096 read
+// 80% / 82% with them, against 84% / 87% on register rows in that session's first run (two runs:
+// to be timed side by side).
+constexpr bool kAddBwdStagedBlockRows = true;
 constexpr int kBwdStagedChunks = 2;
 constexpr int kBwdStagedMaxCluster = 8;
 // The ring bytes an SM aims for, split between the blocks its registers hold: each block's ring
@@ -1196,11 +1201,12 @@ BwdPlan plan_bwd_with(const NormBwdParams& p) {
   plan.bias_from_dy = false;
   plan.staged_kernel = nullptr;
   if constexpr (VEC == kVec16<T>) {
-    if (device.major >= 9 && chunks > (RMS ? kRmsBwdStagedMinChunks : kLnBwdStagedMinChunks)) {
+    const bool cluster_rows = chunks > int64_t(kStagedThreads) * kBwdStagedChunks;
+    if (device.major >= 9 && chunks > (RMS ? kRmsBwdStagedMinChunks : kLnBwdStagedMinChunks) &&
+        (kAddBwdStagedBlockRows || p.dresidual_out == nullptr || cluster_rows)) {
       StagedBwdKernel kernel = norm_bwd_staged_kernel<T, W, RMS, VEC, kBwdStagedChunks, false>;
       if constexpr (std::is_same_v<A, float>) {
-        if (chunks > int64_t(kStagedThreads) * kBwdStagedChunks)
-          kernel = norm_bwd_staged_kernel<T, W, RMS, VEC, kBwdStagedChunks, true>;
+        if (cluster_rows) kernel = norm_bwd_staged_kernel<T, W, RMS, VEC, kBwdStagedChunks, true>;
       }
       const int tensors = p.dresidual_out != nullptr ? 3 : 2;
       plan.staged = staged_bwd_shape<T, VEC>(kernel, p.cols, tensors, device, plan.threads, plan.shared_bytes);
