@@ -37,10 +37,10 @@ namespace {
 // forward's grid, the register-sums backward's chunks a thread) on the H200.
 // Forward warp rows (<= 64 chunks): prefetching (two rows in flight a warp) vs one-row.
 constexpr bool kFwdWarpRowsPrefetch = false;
-// Warp rows (a warp per row, 4 rows a block, warp-shuffle reductions only) up to this many chunks
-// (64: 2 chunks a lane; 128: 4), forward and backward (32: 1 chunk a lane; 64: 2); longer rows
-// take block rows.
-constexpr int kFwdWarpRowsMaxChunks = 64;
+// Backward warp rows (a warp per row, 4 rows a block, warp-shuffle reductions only) up to this
+// many chunks (32: 1 chunk a lane; 64: 2; session 5's launcher timing: 64 gained 5 points for
+// LayerNorm at N = 512, not yet GPU-tested); longer rows take block rows. (4 chunks a lane in the
+// forward's warp rows, N = 1024, lost 0.8 points.)
 constexpr int kBwdWarpRowsMaxChunks = 32;
 // Forward block rows up to this many chunks run one-row kernels, longer ones prefetch (0: all
 // prefetch).
@@ -92,7 +92,6 @@ constexpr int kStagedSmBytes = 128 * 1024;
 constexpr int kStagedMaxStages = 8;
 constexpr int kStagedThreads = 512;
 
-static_assert(kFwdWarpRowsMaxChunks == 64 || kFwdWarpRowsMaxChunks == 128);
 static_assert(kBwdWarpRowsMaxChunks == 32 || kBwdWarpRowsMaxChunks == 64);
 static_assert(kFwdOneRowChunks == 2 || kFwdOneRowChunks == 4 || kFwdOneRowChunks == 8);
 static_assert(kFwdPrefetchChunks == 2 || kFwdPrefetchChunks == 4 || kFwdPrefetchChunks == 8);
@@ -602,13 +601,19 @@ struct BwdRow {
   acc_t<T> mean, rstd;
 };
 
+// A row's saved statistics (mean 0 for RMSNorm); zeros past the last row.
+template <bool RMS, typename A>
+__device__ __forceinline__ void load_row_stats(const NormBwdParams& p, int64_t row, A& mean, A& rstd) {
+  const bool valid = row < p.rows;
+  mean = (!RMS && valid) ? A(p.mean[row]) : A(0);
+  rstd = valid ? A(p.rstd[row]) : A(0);
+}
+
 template <bool RMS, typename T, int VEC, int VPT, bool WARP_ROWS>
 __device__ __forceinline__ void load_bwd_row(const NormBwdParams& p, int64_t row, const RowGroup<WARP_ROWS>& group,
                                              int cols, BwdRow<T, VEC, VPT>& r) {
-  using A = acc_t<T>;
   const bool valid = row < p.rows;
-  r.mean = (!RMS && valid) ? A(p.mean[row]) : A(0);
-  r.rstd = valid ? A(p.rstd[row]) : A(0);
+  load_row_stats<RMS>(p, row, r.mean, r.rstd);
   load_chunks(row_start(static_cast<const T*>(p.x), row * p.x_row_stride), valid, group, cols, r.x);
   load_chunks(row_start(static_cast<const T*>(p.dy), row * p.dy_row_stride), valid, group, cols, r.dy);
 }
@@ -783,13 +788,8 @@ __global__ void __launch_bounds__(kStagedThreads) norm_bwd_staged_kernel(const N
 #pragma unroll
     for (int j = 0; j < VEC; ++j) dweight[k][j] = dbias[k][j] = A(0);
   const int64_t ahead = int64_t(shape.stages) * step;
-  auto stats = [&](int64_t row, A& mean, A& rstd) {
-    const bool valid = row < p.rows;
-    mean = (!RMS && valid) ? A(p.mean[row]) : A(0);
-    rstd = valid ? A(p.rstd[row]) : A(0);
-  };
   A next_mean, next_rstd;
-  stats(first, next_mean, next_rstd);
+  load_row_stats<RMS>(p, first, next_mean, next_rstd);
   StagedCursor at;
   // The blocks' sums of the row in rank order: the same bits in every block.
   auto cluster_sums = [&](A& sum_g, A& sum_gx) {
@@ -806,7 +806,7 @@ __global__ void __launch_bounds__(kStagedThreads) norm_bwd_staged_kernel(const N
     BwdRow<T, VEC, VPT> now;
     now.mean = next_mean;
     now.rstd = next_rstd;
-    stats(row + step, next_mean, next_rstd);
+    load_row_stats<RMS>(p, row + step, next_mean, next_rstd);
     ring.wait(at.stage, at.phase);
     const char* slot = ring.stage(at.stage);
     load_staged_chunks(slot, group, cols, now.x);
@@ -1140,9 +1140,6 @@ cudaError_t launch_fwd_with(const NormFwdParams& p, cudaStream_t stream) {
   } else if (chunks <= 64) {
     launch = {norm_fwd_kernel<T, W, RMS, ADD, true, VEC, 2, kWarpPrefetch, kWarpRowsThreads>, kWarpRowsThreads,
               kWarpRowsGroups, kWarpPrefetch || kFwdResidentGrid};
-  } else if (kFwdWarpRowsMaxChunks > 64 && chunks <= kFwdWarpRowsMaxChunks) {
-    launch = {norm_fwd_kernel<T, W, RMS, ADD, true, VEC, kFwdWarpRowsMaxChunks / 32, kWarpPrefetch, kWarpRowsThreads>,
-              kWarpRowsThreads, kWarpRowsGroups, kWarpPrefetch || kFwdResidentGrid};
   } else if (chunks <= kFwdOneRowMaxChunks) {
     launch = block_rows_launch<T, W, RMS, ADD, VEC, kFwdOneRowChunks, false, kFwdOneRowMaxChunks>(chunks);
   } else {
