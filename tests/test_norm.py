@@ -252,7 +252,8 @@ def test_gpu_benchmark_shapes(kind, n):
 # these sizes, which span every path's range.
 REGISTER_VARIANTS = [
     (256, torch.bfloat16),  # fwd warp 1 chunk, bwd warp rows
-    (512, torch.bfloat16),  # fwd warp 2 chunks, bwd register-sum rows
+    (512, torch.bfloat16),  # fwd warp 2 chunks, bwd LN warp rows of 2 chunks, RMS register-sum rows
+    (1024, torch.bfloat16),  # fwd one-row, bwd LN register-sum rows
     (4096, torch.bfloat16),  # fwd one-row, bwd LN staged rows, RMS register-sum rows
     (16384, torch.bfloat16),  # fwd one-row at its longest, bwd staged rows on clusters of 2
     (32768, torch.bfloat16),  # fwd prefetching 8 chunks, bwd staged rows on clusters of 4
@@ -425,8 +426,9 @@ def test_gpu_add_variants(kind, dtype, n):
 @sanitizer
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
 def test_gpu_add_variants_staged_rows(kind):
-    """add_* rows through the staged kernels' two- and three-tensor stages, several per block."""
-    _check_add_variant(kind, torch.randn(700, 2048, device="cuda", dtype=torch.bfloat16))
+    """add_* rows through the staged kernels' three-tensor stages (cluster rows), several per
+    cluster."""
+    _check_add_variant(kind, torch.randn(300, 16384, device="cuda", dtype=torch.bfloat16))
 
 
 def _check_add_variant(kind, x):

@@ -38,10 +38,12 @@ namespace {
 // Forward warp rows (<= 64 chunks): prefetching (two rows in flight a warp) vs one-row.
 constexpr bool kFwdWarpRowsPrefetch = false;
 // Backward warp rows (a warp per row, 4 rows a block, warp-shuffle reductions only) up to this
-// many chunks (32: 1 chunk a lane; 64: 2; session 5's launcher timing: 64 gained 5 points for
-// LayerNorm at N = 512, not yet GPU-tested); longer rows take block rows. (4 chunks a lane in the
-// forward's warp rows, N = 1024, lost 0.8 points.)
-constexpr int kBwdWarpRowsMaxChunks = 32;
+// many chunks (LayerNorm / RMSNorm; 32: 1 chunk a lane; 64: 2); longer rows take block rows.
+// Launcher timing, H200, session 6 (N = 512, one run): 64 took LayerNorm from 82.7 to 87.0% of
+// copy and cost RMSNorm 0.4 (93.1 to 92.7). (4 chunks a lane in the forward's warp rows,
+// N = 1024, lost 0.8 points.)
+constexpr int kLnBwdWarpRowsMaxChunks = 64;
+constexpr int kRmsBwdWarpRowsMaxChunks = 32;
 // Forward block rows up to this many chunks run one-row kernels, longer ones prefetch (0: all
 // prefetch).
 constexpr int kFwdOneRowMaxChunks = 2048;
@@ -80,19 +82,24 @@ constexpr int kBwdSharedSumsChunks = 4;
 constexpr int kLnBwdStagedMinChunks = 128;
 constexpr int kRmsBwdStagedMinChunks = 1024;
 // add_* variants (the residual_out gradient a third tensor in every stage) take single-block
-// staged rows too. In session 5's full run add_layer_norm's backward at N = 2048 / 4096 read
-// 80% / 82% with them, against 84% / 87% on register rows in that session's first run (two runs:
-// to be timed side by side).
-constexpr bool kAddBwdStagedBlockRows = true;
+// staged rows too (true) or register rows (false; cluster rows stay staged). Launcher timing,
+// H200, session 6, add_layer_norm backward at N = 2048 / 4096 / 8192: 87.9 / 90.3 / 90.9% of copy
+// staged, 92.5 / 95.5 / 93.0 on register rows.
+constexpr bool kAddBwdStagedBlockRows = false;
 constexpr int kBwdStagedChunks = 2;
 constexpr int kBwdStagedMaxCluster = 8;
-// The ring bytes an SM aims for, split between the blocks its registers hold: each block's ring
-// holds as many whole stages (rows) as fit in its share, at least 2 and at most kStagedMaxStages.
+// The ring bytes an SM aims for (single-block rows / cluster rows), split between the blocks its
+// registers hold: each block's ring holds as many whole stages (rows) as fit in its share, at
+// least 2 and at most kStagedMaxStages. Launcher timing, H200, session 6: 64 KB for every row
+// took cluster rows at N = 16384 from 70.6 / 74.2% of copy (LayerNorm / RMSNorm) to 73.3 / 77.5
+// and cost single-block rows at N = 8192 1.7 points (LayerNorm).
 constexpr int kStagedSmBytes = 128 * 1024;
+constexpr int kClusterStagedSmBytes = 64 * 1024;
 constexpr int kStagedMaxStages = 8;
 constexpr int kStagedThreads = 512;
 
-static_assert(kBwdWarpRowsMaxChunks == 32 || kBwdWarpRowsMaxChunks == 64);
+static_assert(kLnBwdWarpRowsMaxChunks == 32 || kLnBwdWarpRowsMaxChunks == 64);
+static_assert(kRmsBwdWarpRowsMaxChunks == 32 || kRmsBwdWarpRowsMaxChunks == 64);
 static_assert(kFwdOneRowChunks == 2 || kFwdOneRowChunks == 4 || kFwdOneRowChunks == 8);
 static_assert(kFwdPrefetchChunks == 2 || kFwdPrefetchChunks == 4 || kFwdPrefetchChunks == 8);
 static_assert(kLnBwdRegisterSumsMaxChunks <= 1024 && kRmsBwdRegisterSumsMaxChunks <= 1024);
@@ -717,7 +724,7 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_bwd_kernel(const NormBwdPara
 // next to the column sums): a ring of shared-memory stages, each holding one row of x, dy and
 // (add_* variants) the gradient reaching residual_out, filled by bulk copies that thread 0 issues
 // as soon as the block is done reading a stage (after the row's reductions), so that several rows
-// per block stay in flight through the reductions and stores (see kStagedSmBytes). Threads copy
+// per block stay in flight through the reductions and stores (see k{,Cluster}StagedSmBytes). Threads copy
 // their chunks of the current row from the stage into registers (the register rows' layout) and
 // run the register-row code on them; the weight and the block's column sums stay in registers.
 // Rows too long for one block are split over a cluster of `cluster` blocks, block r owning the
@@ -1077,7 +1084,7 @@ int64_t persistent_blocks(Kernel kernel, int threads, int shared_bytes, int sms,
 // The staged backward's shape for rows of `cols` columns (a multiple of VEC) and `tensors` input
 // tensors: blocks per row (a cluster for rows of more than kStagedThreads * kBwdStagedChunks
 // chunks, each block owning an equal slice, with fp32 row sums), `threads` a block and the ring
-// (see kStagedSmBytes; `shared_bytes` of dynamic shared memory). stages = 0 when the row does not
+// (see k{,Cluster}StagedSmBytes; `shared_bytes` of dynamic shared memory). stages = 0 when the row does not
 // take staged rows.
 template <typename T, int VEC, typename Kernel>
 StagedRows staged_bwd_shape(Kernel kernel, int64_t cols, int tensors, const DeviceLimits& device, int& threads,
@@ -1095,8 +1102,9 @@ StagedRows staged_bwd_shape(Kernel kernel, int64_t cols, int tensors, const Devi
   const int64_t stage_bytes = int64_t(tensors) * shape.slot_bytes;
   const int64_t fit = (device.max_shared - kStaticBytes) / stage_bytes;
   const int64_t blocks_per_sm = std::max(1, cached_blocks_per_sm(kernel, threads, 0));
+  const int64_t sm_bytes = shape.cluster > 1 ? kClusterStagedSmBytes : kStagedSmBytes;
   const int64_t stages =
-      std::min(fit, std::clamp<int64_t>(kStagedSmBytes / (blocks_per_sm * stage_bytes), 2, kStagedMaxStages));
+      std::min(fit, std::clamp<int64_t>(sm_bytes / (blocks_per_sm * stage_bytes), 2, kStagedMaxStages));
   if (stages >= 2) {
     shape.stages = static_cast<int>(stages);
     shared_bytes = static_cast<int>(stages * stage_bytes);
@@ -1182,7 +1190,7 @@ struct BwdPlan {
 
 // Staged rows on sm_90 past k{Ln,Rms}BwdStagedMinChunks (16-byte rows whose slices fit; see
 // staged_bwd_shape), else register rows: a warp per row (4 rows per block) up to
-// kBwdWarpRowsMaxChunks chunks, else a block per row with k{Ln,Rms}BwdRegisterSumsChunks chunks
+// k{Ln,Rms}BwdWarpRowsMaxChunks chunks, else a block per row with k{Ln,Rms}BwdRegisterSumsChunks chunks
 // per thread (column sums in registers) up to k{Ln,Rms}BwdRegisterSumsMaxChunks, then
 // kBwdSharedSumsChunks (doubled to 4 past 1024 chunks) chunks per thread of at most 512 threads
 // with the column sums in shared memory up to 2048 chunks when the sums fit; longer rows stream.
@@ -1219,10 +1227,11 @@ BwdPlan plan_bwd_with(const NormBwdParams& p) {
       plan.shared_bytes = 0;
     }
   }
+  constexpr int64_t kWarpRowsMaxChunks = RMS ? kRmsBwdWarpRowsMaxChunks : kLnBwdWarpRowsMaxChunks;
   int groups = 1;
-  if (chunks <= kBwdWarpRowsMaxChunks) {
+  if (chunks <= kWarpRowsMaxChunks) {
     plan.kernel = chunks <= 32 ? norm_bwd_kernel<T, W, RMS, true, VEC, 1, kWarpRowsThreads>
-                               : norm_bwd_kernel<T, W, RMS, true, VEC, kBwdWarpRowsMaxChunks / 32, kWarpRowsThreads>;
+                               : norm_bwd_kernel<T, W, RMS, true, VEC, kWarpRowsMaxChunks / 32, kWarpRowsThreads>;
     plan.threads = kWarpRowsThreads, groups = kWarpRowsGroups;
   } else if (chunks <= kRegisterSumsMaxChunks) {
     constexpr int kChunks = RMS ? kRmsBwdRegisterSumsChunks : kLnBwdRegisterSumsChunks;
