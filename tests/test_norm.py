@@ -253,7 +253,7 @@ def test_gpu_benchmark_shapes(kind, n):
 REGISTER_VARIANTS = [
     (256, torch.bfloat16),  # fwd warp 1 chunk, bwd warp rows
     (512, torch.bfloat16),  # fwd warp 2 chunks, bwd LN warp rows of 2 chunks, RMS register-sum rows
-    (1024, torch.bfloat16),  # fwd one-row, bwd LN register-sum rows
+    (1024, torch.bfloat16),  # fwd one-row, bwd LN warp rows of 4 chunks
     (4096, torch.bfloat16),  # fwd one-row, bwd LN staged rows, RMS register-sum rows
     (16384, torch.bfloat16),  # fwd one-row at its longest, bwd staged rows on clusters of 2
     (32768, torch.bfloat16),  # fwd prefetching 8 chunks, bwd staged rows on clusters of 4

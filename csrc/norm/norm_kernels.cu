@@ -38,11 +38,12 @@ namespace {
 // Forward warp rows (<= 64 chunks): prefetching (two rows in flight a warp) vs one-row.
 constexpr bool kFwdWarpRowsPrefetch = false;
 // Backward warp rows (a warp per row, 4 rows a block, warp-shuffle reductions only) up to this
-// many chunks (LayerNorm / RMSNorm; 32: 1 chunk a lane; 64: 2); longer rows take block rows.
-// Launcher timing, H200, session 6 (N = 512, one run): 64 took LayerNorm from 82.7 to 87.0% of
-// copy and cost RMSNorm 0.4 (93.1 to 92.7). (4 chunks a lane in the forward's warp rows,
-// N = 1024, lost 0.8 points.)
-constexpr int kLnBwdWarpRowsMaxChunks = 64;
+// many chunks (LayerNorm / RMSNorm; 32, 64 or 128: up to 1, 2 or 4 chunks a lane, the fewest that
+// hold the row); longer rows take block rows. Launcher timing, H200, session 6: LayerNorm at
+// N = 512 went from 82.7 to 87.0% of copy with 2 chunks a lane, at N = 1024 from 82.3 to 88.3
+// with 4; RMSNorm at N = 512 lost 0.4 with 2 (93.1 to 92.7). (4 chunks a lane in the forward's
+// warp rows, N = 1024, lost 0.8 points.)
+constexpr int kLnBwdWarpRowsMaxChunks = 128;
 constexpr int kRmsBwdWarpRowsMaxChunks = 32;
 // Forward block rows up to this many chunks run one-row kernels, longer ones prefetch (0: all
 // prefetch).
@@ -98,8 +99,8 @@ constexpr int kClusterStagedSmBytes = 64 * 1024;
 constexpr int kStagedMaxStages = 8;
 constexpr int kStagedThreads = 512;
 
-static_assert(kLnBwdWarpRowsMaxChunks == 32 || kLnBwdWarpRowsMaxChunks == 64);
-static_assert(kRmsBwdWarpRowsMaxChunks == 32 || kRmsBwdWarpRowsMaxChunks == 64);
+static_assert(kLnBwdWarpRowsMaxChunks == 32 || kLnBwdWarpRowsMaxChunks == 64 || kLnBwdWarpRowsMaxChunks == 128);
+static_assert(kRmsBwdWarpRowsMaxChunks == 32 || kRmsBwdWarpRowsMaxChunks == 64 || kRmsBwdWarpRowsMaxChunks == 128);
 static_assert(kFwdOneRowChunks == 2 || kFwdOneRowChunks == 4 || kFwdOneRowChunks == 8);
 static_assert(kFwdPrefetchChunks == 2 || kFwdPrefetchChunks == 4 || kFwdPrefetchChunks == 8);
 static_assert(kLnBwdRegisterSumsMaxChunks <= 1024 && kRmsBwdRegisterSumsMaxChunks <= 1024);
@@ -1178,6 +1179,16 @@ cudaError_t launch_fwd(const NormFwdParams& p, cudaStream_t stream) {
   return vectorized ? launch_fwd_with<T, W, RMS, false, kVec>(p, stream) : launch_fwd_with<T, W, RMS, false, 1>(p, stream);
 }
 
+// The backward's warp-row kernel with the fewest chunks a lane (VPT, doubled up to MAX_VPT) that
+// hold `chunks`.
+template <typename T, typename W, bool RMS, int VEC, int VPT, int MAX_VPT>
+BwdKernel bwd_warp_rows_kernel(int64_t chunks) {
+  if constexpr (VPT < MAX_VPT) {
+    if (chunks > 32 * VPT) return bwd_warp_rows_kernel<T, W, RMS, VEC, 2 * VPT, MAX_VPT>(chunks);
+  }
+  return norm_bwd_kernel<T, W, RMS, true, VEC, VPT, kWarpRowsThreads>;
+}
+
 struct BwdPlan {
   BwdKernel kernel;
   StagedBwdKernel staged_kernel;  // staged rows: launched instead of `kernel`, with `staged`
@@ -1227,11 +1238,10 @@ BwdPlan plan_bwd_with(const NormBwdParams& p) {
       plan.shared_bytes = 0;
     }
   }
-  constexpr int64_t kWarpRowsMaxChunks = RMS ? kRmsBwdWarpRowsMaxChunks : kLnBwdWarpRowsMaxChunks;
+  constexpr int kWarpRowsMaxChunks = RMS ? kRmsBwdWarpRowsMaxChunks : kLnBwdWarpRowsMaxChunks;
   int groups = 1;
   if (chunks <= kWarpRowsMaxChunks) {
-    plan.kernel = chunks <= 32 ? norm_bwd_kernel<T, W, RMS, true, VEC, 1, kWarpRowsThreads>
-                               : norm_bwd_kernel<T, W, RMS, true, VEC, kWarpRowsMaxChunks / 32, kWarpRowsThreads>;
+    plan.kernel = bwd_warp_rows_kernel<T, W, RMS, VEC, 1, kWarpRowsMaxChunks / 32>(chunks);
     plan.threads = kWarpRowsThreads, groups = kWarpRowsGroups;
   } else if (chunks <= kRegisterSumsMaxChunks) {
     constexpr int kChunks = RMS ? kRmsBwdRegisterSumsChunks : kLnBwdRegisterSumsChunks;
