@@ -1,0 +1,30 @@
+// Helpers shared by the *_autograd.cpp files: C++ torch::autograd::Functions registered for the
+// Autograd key, whose forward calls an op below autograd and whose backward calls the ops.
+#pragma once
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/autograd.h>
+
+namespace fusedops {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using OptionalTensor = c10::optional<at::Tensor>;
+
+// The typed handle of an op. Call sites keep it in a function-local static: the lookup hashes the
+// name under the dispatcher's lock.
+template <class Signature>
+c10::TypedOperatorHandle<Signature> op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
+}
+
+inline at::Tensor saved_or_undefined(const OptionalTensor& t) { return t ? *t : at::Tensor(); }
+
+inline OptionalTensor as_optional(const at::Tensor& t) { return t.defined() ? OptionalTensor(t) : c10::nullopt; }
+
+// needs_input_grad counts only the tensor inputs given to apply (an absent optional tensor has no
+// edge), not argument positions: `edge` is the index among those.
+inline bool needs_grad(AutogradContext* ctx, const at::Tensor& input, size_t edge) {
+  return input.defined() && ctx->needs_input_grad(edge);
+}
+
+}  // namespace fusedops
