@@ -21,6 +21,16 @@ inline at::Tensor saved_or_undefined(const OptionalTensor& t) { return t ? *t : 
 
 inline OptionalTensor as_optional(const at::Tensor& t) { return t.defined() ? OptionalTensor(t) : c10::nullopt; }
 
+inline bool requires_grad(const at::Tensor& t) { return t.requires_grad(); }
+inline bool requires_grad(const OptionalTensor& t) { return t && t->requires_grad(); }
+
+// Whether a call must be recorded for autograd. Calls that need no graph (inference, no_grad) skip
+// building a Function's node and go straight below autograd.
+template <class... Tensors>
+bool records_grad(const Tensors&... inputs) {
+  return at::GradMode::is_enabled() && (requires_grad(inputs) || ...);
+}
+
 // needs_input_grad counts only the tensor inputs given to apply (an absent optional tensor has no
 // edge), not argument positions: `edge` is the index among those.
 inline bool needs_grad(AutogradContext* ctx, const at::Tensor& input, size_t edge) {

@@ -10,38 +10,44 @@ namespace {
 
 using Tensor3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 
+// The forward op, called below autograd. Outputs: out, residual_out (with a residual), mean
+// (LayerNorm), rstd.
+variable_list norm_fwd(const at::Tensor& input, const OptionalTensor& residual, at::IntArrayRef shape,
+                       const OptionalTensor& weight, const OptionalTensor& bias, double eps, bool rms) {
+  at::AutoDispatchBelowADInplaceOrView guard;
+  if (residual && rms) {
+    static const auto fwd = op<Tensor3(const at::Tensor&, const at::Tensor&, at::IntArrayRef, const OptionalTensor&,
+                                       double)>("fusedops::add_rms_norm_fwd");
+    auto [out, residual_out, rstd] = fwd.call(input, *residual, shape, weight, eps);
+    return {out, residual_out, rstd};
+  }
+  if (residual) {
+    static const auto fwd =
+        op<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+            const at::Tensor&, const at::Tensor&, at::IntArrayRef, const OptionalTensor&, const OptionalTensor&,
+            double)>("fusedops::add_layer_norm_fwd");
+    auto [out, residual_out, mean, rstd] = fwd.call(input, *residual, shape, weight, bias, eps);
+    return {out, residual_out, mean, rstd};
+  }
+  if (rms) {
+    static const auto fwd = op<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, at::IntArrayRef,
+                                                                  const OptionalTensor&, double)>(
+        "fusedops::rms_norm_fwd");
+    auto [out, rstd] = fwd.call(input, shape, weight, eps);
+    return {out, rstd};
+  }
+  static const auto fwd = op<Tensor3(const at::Tensor&, at::IntArrayRef, const OptionalTensor&, const OptionalTensor&,
+                                     double)>("fusedops::layer_norm_fwd");
+  auto [out, mean, rstd] = fwd.call(input, shape, weight, bias, eps);
+  return {out, mean, rstd};
+}
+
 struct Norm : torch::autograd::Function<Norm> {
-  // Outputs: out, residual_out (with a residual), mean (LayerNorm), rstd; the statistics are
-  // non-differentiable.
+  // Outputs as norm_fwd's; the statistics are non-differentiable.
   static variable_list forward(AutogradContext* ctx, const at::Tensor& input, const OptionalTensor& residual,
                                at::IntArrayRef shape, const OptionalTensor& weight, const OptionalTensor& bias,
                                double eps, bool rms) {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    variable_list outs;
-    if (residual && rms) {
-      static const auto fwd = op<Tensor3(const at::Tensor&, const at::Tensor&, at::IntArrayRef, const OptionalTensor&,
-                                         double)>("fusedops::add_rms_norm_fwd");
-      auto [out, residual_out, rstd] = fwd.call(input, *residual, shape, weight, eps);
-      outs = {out, residual_out, rstd};
-    } else if (residual) {
-      static const auto fwd =
-          op<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
-              const at::Tensor&, const at::Tensor&, at::IntArrayRef, const OptionalTensor&, const OptionalTensor&,
-              double)>("fusedops::add_layer_norm_fwd");
-      auto [out, residual_out, mean, rstd] = fwd.call(input, *residual, shape, weight, bias, eps);
-      outs = {out, residual_out, mean, rstd};
-    } else if (rms) {
-      static const auto fwd = op<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, at::IntArrayRef,
-                                                                    const OptionalTensor&, double)>(
-          "fusedops::rms_norm_fwd");
-      auto [out, rstd] = fwd.call(input, shape, weight, eps);
-      outs = {out, rstd};
-    } else {
-      static const auto fwd = op<Tensor3(const at::Tensor&, at::IntArrayRef, const OptionalTensor&,
-                                         const OptionalTensor&, double)>("fusedops::layer_norm_fwd");
-      auto [out, mean, rstd] = fwd.call(input, shape, weight, bias, eps);
-      outs = {out, mean, rstd};
-    }
+    variable_list outs = norm_fwd(input, residual, shape, weight, bias, eps, rms);
     const size_t stats = residual ? 2 : 1;
     const at::Tensor mean = rms ? at::Tensor() : outs[stats];
     // The backward normalizes residual_out = input + residual, and needs only bias's dtype.
@@ -92,28 +98,34 @@ struct Norm : torch::autograd::Function<Norm> {
   }
 };
 
+variable_list norm(const at::Tensor& input, const OptionalTensor& residual, at::IntArrayRef shape,
+                   const OptionalTensor& weight, const OptionalTensor& bias, double eps, bool rms) {
+  if (records_grad(input, residual, weight, bias)) return Norm::apply(input, residual, shape, weight, bias, eps, rms);
+  return norm_fwd(input, residual, shape, weight, bias, eps, rms);
+}
+
 Tensor3 layer_norm_autograd(const at::Tensor& input, at::IntArrayRef shape, const OptionalTensor& weight,
                             const OptionalTensor& bias, double eps) {
-  const auto outs = Norm::apply(input, OptionalTensor(), shape, weight, bias, eps, false);
+  const auto outs = norm(input, c10::nullopt, shape, weight, bias, eps, false);
   return {outs[0], outs[1], outs[2]};
 }
 
 std::tuple<at::Tensor, at::Tensor> rms_norm_autograd(const at::Tensor& input, at::IntArrayRef shape,
                                                      const OptionalTensor& weight, double eps) {
-  const auto outs = Norm::apply(input, OptionalTensor(), shape, weight, OptionalTensor(), eps, true);
+  const auto outs = norm(input, c10::nullopt, shape, weight, c10::nullopt, eps, true);
   return {outs[0], outs[1]};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_autograd(
     const at::Tensor& input, const at::Tensor& residual, at::IntArrayRef shape, const OptionalTensor& weight,
     const OptionalTensor& bias, double eps) {
-  const auto outs = Norm::apply(input, OptionalTensor(residual), shape, weight, bias, eps, false);
+  const auto outs = norm(input, residual, shape, weight, bias, eps, false);
   return {outs[0], outs[1], outs[2], outs[3]};
 }
 
 Tensor3 add_rms_norm_autograd(const at::Tensor& input, const at::Tensor& residual, at::IntArrayRef shape,
                               const OptionalTensor& weight, double eps) {
-  const auto outs = Norm::apply(input, OptionalTensor(residual), shape, weight, OptionalTensor(), eps, true);
+  const auto outs = norm(input, residual, shape, weight, c10::nullopt, eps, true);
   return {outs[0], outs[1], outs[2]};
 }
 

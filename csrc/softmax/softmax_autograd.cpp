@@ -7,11 +7,23 @@
 namespace fusedops {
 namespace {
 
+at::Tensor softmax_fwd(const at::Tensor& x, double scale, bool log) {
+  at::AutoDispatchBelowADInplaceOrView guard;
+  static const auto fwd = op<at::Tensor(const at::Tensor&, double, bool)>("fusedops::softmax_fwd");
+  return fwd.call(x, scale, log);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> masked_softmax_fwd(const at::Tensor& x, const OptionalTensor& mask,
+                                                                  double scale, bool causal, double p, bool training) {
+  at::AutoDispatchBelowADInplaceOrView guard;
+  static const auto fwd = op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+      const at::Tensor&, const OptionalTensor&, double, bool, double, bool)>("fusedops::masked_softmax_fwd");
+  return fwd.call(x, mask, scale, causal, p, training);
+}
+
 struct Softmax : torch::autograd::Function<Softmax> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, double scale, bool log) {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    static const auto fwd = op<at::Tensor(const at::Tensor&, double, bool)>("fusedops::softmax_fwd");
-    at::Tensor y = fwd.call(x, scale, log);
+    at::Tensor y = softmax_fwd(x, scale, log);
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["log"] = log;
     ctx->save_for_backward({y});
@@ -31,10 +43,7 @@ struct MaskedSoftmax : torch::autograd::Function<MaskedSoftmax> {
   // Outputs: out, lse, rng_state; only out is differentiable. The mask gets no gradient.
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const OptionalTensor& mask, double scale,
                                bool causal, double p, bool training) {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    static const auto fwd = op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-        const at::Tensor&, const OptionalTensor&, double, bool, double, bool)>("fusedops::masked_softmax_fwd");
-    auto [out, lse, rng_state] = fwd.call(x, mask, scale, causal, p, training);
+    auto [out, lse, rng_state] = masked_softmax_fwd(x, mask, scale, causal, p, training);
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["p"] = training && p > 0.0 ? p : 0.0;
@@ -58,11 +67,14 @@ struct MaskedSoftmax : torch::autograd::Function<MaskedSoftmax> {
   }
 };
 
-at::Tensor softmax_autograd(const at::Tensor& x, double scale, bool log) { return Softmax::apply(x, scale, log); }
+at::Tensor softmax_autograd(const at::Tensor& x, double scale, bool log) {
+  return records_grad(x) ? Softmax::apply(x, scale, log) : softmax_fwd(x, scale, log);
+}
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> masked_softmax_autograd(const at::Tensor& x, const OptionalTensor& mask,
                                                                        double scale, bool causal, double p,
                                                                        bool training) {
+  if (!records_grad(x, mask)) return masked_softmax_fwd(x, mask, scale, causal, p, training);
   const auto outs = MaskedSoftmax::apply(x, mask, scale, causal, p, training);
   return {outs[0], outs[1], outs[2]};
 }
