@@ -82,23 +82,20 @@ _DTYPE_EPS = {dtype: torch.finfo(dtype).eps for dtype in _checks.FLOAT_DTYPES}
 
 
 def _normalized_shape(normalized_shape, input):
-    """normalized_shape as a list of ints, checked against input's trailing dims."""
+    """normalized_shape as a tuple of ints, checked against input's trailing dims."""
     if type(normalized_shape) is int:
-        shape = [normalized_shape]
-    elif type(normalized_shape) in (tuple, list) and all(type(d) is int for d in normalized_shape):
-        shape = list(normalized_shape)
+        shape = (normalized_shape,)
+    elif type(normalized_shape) is tuple and all(type(d) is int for d in normalized_shape):
+        shape = normalized_shape
     else:
         if isinstance(normalized_shape, numbers.Integral):
             normalized_shape = (normalized_shape,)
         if not all(isinstance(d, numbers.Integral) for d in normalized_shape):
             raise TypeError(f"fusedops: normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}")
-        shape = [int(d) for d in normalized_shape]
+        shape = tuple(int(d) for d in normalized_shape)
     sizes = input.shape
-    if not shape or len(shape) > len(sizes) or list(sizes[len(sizes) - len(shape) :]) != shape:
-        raise ValueError(
-            f"fusedops: normalized_shape {tuple(shape)} must equal the trailing dims of input, of shape "
-            f"{tuple(sizes)}"
-        )
+    if not shape or len(shape) > len(sizes) or sizes[len(sizes) - len(shape) :] != shape:
+        raise ValueError(f"fusedops: normalized_shape {shape} must equal the trailing dims of input, of shape {tuple(sizes)}")
     return shape
 
 
@@ -113,12 +110,12 @@ def _check_affine(param, name, input, shape):
             f"fusedops: {name} has dtype {dtype} but must have input's dtype {input.dtype} "
             "(or float32 with float16/bfloat16 input)"
         )
-    if list(param.shape) != shape:
-        raise ValueError(f"fusedops: {name} must have shape normalized_shape = {tuple(shape)}, got {tuple(param.shape)}")
+    if param.shape != shape:
+        raise ValueError(f"fusedops: {name} must have shape normalized_shape = {shape}, got {tuple(param.shape)}")
 
 
 def _check_norm_args(input, normalized_shape, weight, bias, eps, residual=None, rms=False):
-    """normalized_shape as a list of ints and eps as a float, after checking every argument
+    """normalized_shape as a tuple of ints and eps as a float, after checking every argument
     (RMSNorm's eps=None means torch.finfo(input.dtype).eps)."""
     _checks.check_input(input, "input")
     if residual is not None:
