@@ -3,6 +3,10 @@
 #pragma once
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/functions/basic_ops.h>
+#include <torch/csrc/autograd/functions/utils.h>
+
+#include <string>
 
 namespace fusedops {
 
@@ -35,6 +39,30 @@ bool records_grad(const Tensors&... inputs) {
 // edge), not argument positions: `edge` is the index among those.
 inline bool needs_grad(AutogradContext* ctx, const at::Tensor& input, size_t edge) {
   return input.defined() && ctx->needs_input_grad(edge);
+}
+
+// Runs a Function's backward `fn`, whose ops have no derivative, without recording a graph. With
+// create_graph, the gradients hang off a node that raises once a second backward reaches it
+// (through them to `inputs`: the incoming gradients and saved tensors they were computed from),
+// rather than giving silently wrong second derivatives.
+template <class Fn>
+variable_list once_differentiable(const char* name, const variable_list& inputs, Fn&& fn) {
+  const bool create_graph = at::GradMode::is_enabled();
+  variable_list grads;
+  {
+    at::NoGradGuard no_grad;
+    grads = fn();
+  }
+  if (!create_graph || !torch::autograd::compute_requires_grad(inputs)) return grads;
+  const auto error = c10::make_intrusive<torch::autograd::Error>(
+      std::string("fusedops: ") + name + " has no double backward (its gradient was differentiated again)",
+      torch::autograd::collect_next_edges(inputs));
+  for (at::Tensor& grad : grads) {
+    if (!grad.defined()) continue;
+    grad = grad.detach();
+    torch::autograd::set_history(grad, error);
+  }
+  return grads;
 }
 
 }  // namespace fusedops

@@ -63,38 +63,43 @@ struct Norm : torch::autograd::Function<Norm> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const bool rms = ctx->saved_data["rms"].toBool();
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor &x = saved[0], &weight = saved[1], &bias = saved[2], &mean = saved[3], &rstd = saved[4];
-    const bool has_residual = ctx->saved_data["residual"].toBool();
-    const at::IntArrayRef shape = x.sizes().slice(x.dim() - ctx->saved_data["dims"].toInt());
-    const at::Tensor grad_out = grads[0].defined() ? grads[0] : at::zeros_like(x);
-    const OptionalTensor grad_residual_out = has_residual ? as_optional(grads[1]) : c10::nullopt;
-    // Edges of the tensor inputs given: input, residual, weight, bias.
-    const size_t weight_edge = has_residual ? 2 : 1;
-    const bool weight_grad = needs_grad(ctx, weight, weight_edge);
-    const bool bias_grad = needs_grad(ctx, bias, weight_edge + weight.defined());
-    at::Tensor dx, dweight, dbias;
-    if (ctx->saved_data["rms"].toBool()) {
-      static const auto bwd =
-          op<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const OptionalTensor&, const at::Tensor&,
-                                                const at::Tensor&, at::IntArrayRef, const OptionalTensor&)>(
-              "fusedops::rms_norm_bwd");
-      std::tie(dx, dweight) = bwd.call(grad_out, grad_residual_out, x, rstd, shape, as_optional(weight));
-    } else {
-      static const auto bwd =
-          op<Tensor3(const at::Tensor&, const OptionalTensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                     at::IntArrayRef, const OptionalTensor&, const OptionalTensor&)>("fusedops::layer_norm_bwd");
-      std::tie(dx, dweight, dbias) = bwd.call(grad_out, grad_residual_out, x, mean, rstd, shape, as_optional(weight),
-                                              bias_grad ? as_optional(bias) : c10::nullopt);
-    }
-    // One gradient per argument of apply: input, residual, shape, weight, bias, eps, rms.
-    return {dx,
-            has_residual ? dx : at::Tensor(),
-            at::Tensor(),
-            weight_grad ? dweight : at::Tensor(),
-            bias_grad ? dbias : at::Tensor(),
-            at::Tensor(),
-            at::Tensor()};
+    variable_list inputs = saved;
+    inputs.insert(inputs.end(), grads.begin(), grads.end());
+    return once_differentiable(rms ? "rms_norm" : "layer_norm", inputs, [&]() -> variable_list {
+      const at::Tensor &x = saved[0], &weight = saved[1], &bias = saved[2], &mean = saved[3], &rstd = saved[4];
+      const bool has_residual = ctx->saved_data["residual"].toBool();
+      const at::IntArrayRef shape = x.sizes().slice(x.dim() - ctx->saved_data["dims"].toInt());
+      const at::Tensor grad_out = grads[0].defined() ? grads[0] : at::zeros_like(x);
+      const OptionalTensor grad_residual_out = has_residual ? as_optional(grads[1]) : c10::nullopt;
+      // Edges of the tensor inputs given: input, residual, weight, bias.
+      const size_t weight_edge = has_residual ? 2 : 1;
+      const bool weight_grad = needs_grad(ctx, weight, weight_edge);
+      const bool bias_grad = needs_grad(ctx, bias, weight_edge + weight.defined());
+      at::Tensor dx, dweight, dbias;
+      if (rms) {
+        static const auto bwd =
+            op<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const OptionalTensor&, const at::Tensor&,
+                                                  const at::Tensor&, at::IntArrayRef, const OptionalTensor&)>(
+                "fusedops::rms_norm_bwd");
+        std::tie(dx, dweight) = bwd.call(grad_out, grad_residual_out, x, rstd, shape, as_optional(weight));
+      } else {
+        static const auto bwd =
+            op<Tensor3(const at::Tensor&, const OptionalTensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                       at::IntArrayRef, const OptionalTensor&, const OptionalTensor&)>("fusedops::layer_norm_bwd");
+        std::tie(dx, dweight, dbias) = bwd.call(grad_out, grad_residual_out, x, mean, rstd, shape, as_optional(weight),
+                                                bias_grad ? as_optional(bias) : c10::nullopt);
+      }
+      // One gradient per argument of apply: input, residual, shape, weight, bias, eps, rms.
+      return {dx,
+              has_residual ? dx : at::Tensor(),
+              at::Tensor(),
+              weight_grad ? dweight : at::Tensor(),
+              bias_grad ? dbias : at::Tensor(),
+              at::Tensor(),
+              at::Tensor()};
+    });
   }
 };
 

@@ -33,9 +33,12 @@ struct Softmax : torch::autograd::Function<Softmax> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     static const auto bwd =
         op<at::Tensor(const at::Tensor&, const at::Tensor&, double, bool)>("fusedops::softmax_bwd");
-    const at::Tensor grad_x = bwd.call(grads[0], ctx->get_saved_variables()[0], ctx->saved_data["scale"].toDouble(),
-                                       ctx->saved_data["log"].toBool());
-    return {grad_x, at::Tensor(), at::Tensor()};
+    const bool log = ctx->saved_data["log"].toBool();
+    const at::Tensor y = ctx->get_saved_variables()[0];
+    return once_differentiable(log ? "log_softmax" : "softmax", {grads[0], y}, [&]() -> variable_list {
+      const at::Tensor grad_x = bwd.call(grads[0], y, ctx->saved_data["scale"].toDouble(), log);
+      return {grad_x, at::Tensor(), at::Tensor()};
+    });
   }
 };
 
@@ -58,12 +61,14 @@ struct MaskedSoftmax : torch::autograd::Function<MaskedSoftmax> {
                                           const at::Tensor&, const at::Tensor&, double, bool, double)>(
         "fusedops::masked_softmax_bwd");
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor grad_x =
-        grads[0].defined() ? bwd.call(grads[0], saved[0], as_optional(saved[1]), saved[2], saved[3],
-                                      ctx->saved_data["scale"].toDouble(), ctx->saved_data["causal"].toBool(),
-                                      ctx->saved_data["p"].toDouble())
-                           : at::Tensor();
-    return {grad_x, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return once_differentiable("masked_softmax", {grads[0], saved[0], saved[1]}, [&]() -> variable_list {
+      const at::Tensor grad_x =
+          grads[0].defined() ? bwd.call(grads[0], saved[0], as_optional(saved[1]), saved[2], saved[3],
+                                        ctx->saved_data["scale"].toDouble(), ctx->saved_data["causal"].toBool(),
+                                        ctx->saved_data["p"].toDouble())
+                             : at::Tensor();
+      return {grad_x, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    });
   }
 };
 
