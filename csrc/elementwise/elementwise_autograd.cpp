@@ -37,7 +37,9 @@ struct ScaleBias : torch::autograd::Function<ScaleBias> {
       static const auto scale_bias = op<Signature>("fusedops::scale_bias");
       grad_x = scale_bias.call(grad, as_optional(scale), c10::nullopt, ctx->saved_data["scale_value"].toDouble(), 0.0);
     }
-    if (needs_grad(ctx, scale, 1)) grad_scale = column_sum(grad.to(acc_type(grad.scalar_type())).mul(x), scale.scalar_type());
+    if (needs_grad(ctx, scale, 1)) {
+      grad_scale = column_sum(grad.to(acc_type(grad.scalar_type())).mul(x), scale.scalar_type());
+    }
     // bias's edge follows scale's only when a scale tensor was given.
     if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(1 + scale.defined())) {
       grad_bias = column_sum(grad, grad.scalar_type());
@@ -70,9 +72,9 @@ struct BiasDropoutAdd : torch::autograd::Function<BiasDropoutAdd> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const OptionalTensor& bias,
                                const at::Tensor& residual, double p, bool training) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    static const auto fwd =
-        op<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const OptionalTensor&, const at::Tensor&, double, bool)>(
-            "fusedops::bias_dropout_add_fwd");
+    static const auto fwd = op<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const OptionalTensor&,
+                                                                   const at::Tensor&, double, bool)>(
+        "fusedops::bias_dropout_add_fwd");
     auto [out, rng_state] = fwd.call(x, bias, residual, p, training);
     ctx->saved_data["p"] = p;
     ctx->saved_data["dropout"] = training && p > 0.0;
@@ -86,7 +88,8 @@ struct BiasDropoutAdd : torch::autograd::Function<BiasDropoutAdd> {
     const at::Tensor& grad = grads[0];
     at::Tensor grad_x = grad;
     if (ctx->saved_data["dropout"].toBool()) {
-      static const auto dropout_bwd = op<at::Tensor(const at::Tensor&, const at::Tensor&, double)>("fusedops::dropout_bwd");
+      static const auto dropout_bwd =
+          op<at::Tensor(const at::Tensor&, const at::Tensor&, double)>("fusedops::dropout_bwd");
       grad_x = dropout_bwd.call(grad, ctx->get_saved_variables()[0], ctx->saved_data["p"].toDouble());
     }
     const at::Tensor grad_bias = ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(1)

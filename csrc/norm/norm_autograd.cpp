@@ -86,8 +86,9 @@ struct Norm : torch::autograd::Function<Norm> {
         std::tie(dx, dweight) = bwd.call(grad_out, grad_residual_out, x, rstd, shape, as_optional(weight));
       } else {
         static const auto bwd =
-            op<Tensor3(const at::Tensor&, const OptionalTensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                       at::IntArrayRef, const OptionalTensor&, const OptionalTensor&)>("fusedops::layer_norm_bwd");
+            op<Tensor3(const at::Tensor&, const OptionalTensor&, const at::Tensor&, const at::Tensor&,
+                       const at::Tensor&, at::IntArrayRef, const OptionalTensor&, const OptionalTensor&)>(
+                "fusedops::layer_norm_bwd");
         std::tie(dx, dweight, dbias) = bwd.call(grad_out, grad_residual_out, x, mean, rstd, shape, as_optional(weight),
                                                 bias_grad ? as_optional(bias) : c10::nullopt);
       }

@@ -1,6 +1,7 @@
 """LayerNorm / RMSNorm and their residual-add variants: registrations (CPU reference, fake) and
-public wrappers. Autograd is registered in C++ (csrc/norm/norm_autograd.cpp) to keep host
-overhead low; so are the wrappers' checks kept cheap, for small (decode) batches."""
+public wrappers. Autograd is registered in C++ (csrc/norm/norm_autograd.cpp) and the wrappers'
+checks take short paths for the common cases: the host time of a call matters for small (decode)
+batches."""
 import numbers
 
 import torch
