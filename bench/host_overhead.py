@@ -106,6 +106,8 @@ def main():
     parser.add_argument("--calls", type=int, default=2000, help="calls per timed loop")
     parser.add_argument("--cols", type=int, default=4096, help="the norms' and softmax's last dim")
     args = parser.parse_args()
+    if args.device == "cpu":
+        torch.set_num_threads(1)  # tiny CPU kernels: intra-op threads add only scheduling stalls
     import fusedops
 
     print(f"device: {args.device}; fusedops build: {fusedops.build_info()}; median host us per call "
