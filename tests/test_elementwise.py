@@ -115,6 +115,15 @@ def test_backward_cpu_matches_autograd():
     torch.autograd.gradcheck(lambda *a: _all_ops(*a), (x, s, b, r, g))
 
 
+def test_backward_cpu_scalar_scale_tensor_bias():
+    """The C++ autograd finds bias's gradient edge when scale is a number (no scale tensor)."""
+    x = torch.randn(5, 24, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(24, dtype=torch.float64, requires_grad=True)
+    torch.autograd.gradcheck(lambda t, c: fusedops.scale_bias(t, 1.5, c), (x, b))
+    (db,) = torch.autograd.grad(fusedops.scale_bias(x.detach(), 1.5, b).sum(), b)
+    torch.testing.assert_close(db, torch.full_like(b, 5.0))
+
+
 # ---------------------------------------------------------------------------------------------
 # GPU
 

@@ -142,6 +142,77 @@ def test_add_variants_cpu_gradients(kind):
         torch.testing.assert_close(o, t, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"])
+@pytest.mark.parametrize("affine", ["weight", "bias", "both", "none"])
+@pytest.mark.parametrize("wanted", ["all", "input", "params"])
+def test_cpu_gradients_for_each_needed_input(kind, affine, wanted):
+    """The C++ autograd: every combination of present weight / bias and of inputs whose gradient
+    is asked for gives torch's gradients (only the asked-for ones are computed)."""
+    if kind.endswith("rms_norm") and affine in ("bias", "both"):
+        affine = "weight" if affine == "both" else "none"
+    x, r, dy, dres = (torch.randn(3, 2, 12, dtype=torch.float64) for _ in range(4))
+    w = torch.randn(12, dtype=torch.float64) if affine in ("weight", "both") else None
+    b = torch.randn(12, dtype=torch.float64) if affine in ("bias", "both") else None
+    residual = kind.startswith("add")
+    layer = kind.endswith("layer_norm")
+
+    def run(fused):
+        xi, ri = x.clone().requires_grad_(wanted != "params"), r.clone().requires_grad_(wanted != "params")
+        wi, bi = (None if t is None else t.clone().requires_grad_(wanted != "input") for t in (w, b))
+        if residual:
+            res = xi + ri
+            if fused:
+                call = fusedops.add_layer_norm if layer else fusedops.add_rms_norm
+                out, res = call(xi, ri, (12,), wi, bi) if layer else call(xi, ri, (12,), wi, eps=1e-6)
+        else:
+            res = xi
+        if not (residual and fused):
+            if layer:
+                out = (fusedops.layer_norm if fused else F.layer_norm)(res, (12,), wi, bi)
+            else:
+                out = (fusedops.rms_norm if fused else F.rms_norm)(res, (12,), wi, 1e-6)
+        leaves = [t for t in (xi, ri if residual else None, wi, bi) if t is not None and t.requires_grad]
+        loss = (out * dy).sum() + ((res * dres).sum() if residual else 0)
+        return [out] + list(torch.autograd.grad(loss, leaves)) if leaves else [out]
+
+    for o, t in zip(run(True), run(False), strict=True):
+        torch.testing.assert_close(o, t, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("layer", [True, False])
+def test_cpu_add_variants_residual_out_only(layer):
+    """Only residual_out reaches the loss: out's gradient is absent (not zero-filled)."""
+    x, r = (torch.randn(4, 16, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    w = torch.randn(16, dtype=torch.float64, requires_grad=True)
+    _, res = fusedops.add_layer_norm(x, r, (16,), w) if layer else fusedops.add_rms_norm(x, r, (16,), w)
+    dx, dr, dw = torch.autograd.grad((res * 3).sum(), [x, r, w], allow_unused=True)
+    torch.testing.assert_close(dx, torch.full_like(x, 3.0))
+    torch.testing.assert_close(dr, torch.full_like(r, 3.0))
+    assert dw is None or not dw.any()
+
+
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm", "add_layer_norm"])
+def test_cpu_double_backward_raises_clearly(kind):
+    """create_graph=True gives the first-order gradients; differentiating them again raises."""
+    x = torch.randn(3, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(8, dtype=torch.float64, requires_grad=True)
+    if kind == "add_layer_norm":
+        fn = lambda t: fusedops.add_layer_norm(t, torch.ones_like(t), (8,), w)[0]  # noqa: E731
+    else:
+        fn = lambda t: getattr(fusedops, kind)(t, (8,), w)  # noqa: E731
+    (dx,) = torch.autograd.grad(fn(x).pow(2).sum(), x, create_graph=True)
+    (expected,) = torch.autograd.grad(fn(x).pow(2).sum(), x)
+    torch.testing.assert_close(dx, expected)
+    with pytest.raises(RuntimeError, match="no double backward"):
+        torch.autograd.grad(dx.pow(2).sum(), x)
+
+
+def test_cpu_statistics_are_not_differentiable():
+    x = torch.randn(3, 8, requires_grad=True)
+    out, mean, rstd = ops.layer_norm_fwd(x, [8], None, None, 1e-5)
+    assert out.requires_grad and not mean.requires_grad and not rstd.requires_grad
+
+
 # ---- opcheck and torch.compile on CPU --------------------------------------------------------
 
 
@@ -179,6 +250,28 @@ def test_compile_fullgraph_cpu():
     w_ln, b_ln, w_rms = torch.randn(32), torch.randn(32), torch.randn(32)
     compiled = torch.compile(_block, fullgraph=True)
     torch.testing.assert_close(compiled(x, r, w_ln, b_ln, w_rms), _block(x, r, w_ln, b_ln, w_rms))
+
+
+def _compiled_gradients_match_eager(device):
+    """Gradients through the C++ autograd of all four ops, compiled (AOT traces the Function) vs eager."""
+    x, r = (torch.randn(4, 7, 32, device=device, requires_grad=True) for _ in range(2))
+    w, b, w_rms = (torch.randn(32, device=device, requires_grad=True) for _ in range(3))
+
+    def fn(x, r, w, b, w_rms):
+        y = fusedops.layer_norm(x, (32,), w, b) + fusedops.rms_norm(x, (32,), w_rms)
+        out, res = fusedops.add_layer_norm(y, r, (32,), w, None)
+        out2, res2 = fusedops.add_rms_norm(out, res, (32,), None)
+        return (out2 * res2).sum()
+
+    leaves = (x, r, w, b, w_rms)
+    eager = torch.autograd.grad(fn(*leaves), leaves)
+    compiled = torch.autograd.grad(torch.compile(fn, fullgraph=True)(*leaves), leaves)
+    for e, c in zip(eager, compiled, strict=True):
+        torch.testing.assert_close(c, e, rtol=1e-4, atol=1e-4)
+
+
+def test_compile_fullgraph_gradients_cpu():
+    _compiled_gradients_match_eager("cpu")
 
 
 # ---- modules ---------------------------------------------------------------------------------
@@ -471,6 +564,11 @@ def _check_add_variant(kind, x):
 def test_gpu_opcheck(index):
     op, args = list(_op_samples("cuda"))[index]
     torch.library.opcheck(op, args)
+
+
+@gpu
+def test_gpu_compile_fullgraph_gradients():
+    _compiled_gradients_match_eager("cuda")
 
 
 @gpu

@@ -91,6 +91,31 @@ def test_cpu_gradients_match_autograd():
     torch.autograd.gradcheck(lambda t: fusedops.masked_softmax(t, causal=True, scale=2.0), (x,))
 
 
+@pytest.mark.parametrize("fn", [fusedops.softmax, fusedops.log_softmax, fusedops.masked_softmax])
+def test_cpu_double_backward_raises_clearly(fn):
+    """create_graph=True gives the first-order gradient; differentiating it again raises."""
+    x = torch.randn(3, 8, dtype=torch.float64, requires_grad=True)
+    (dx,) = torch.autograd.grad(fn(x).pow(2).sum(), x, create_graph=True)
+    (expected,) = torch.autograd.grad(fn(x).pow(2).sum(), x)
+    torch.testing.assert_close(dx, expected)
+    with pytest.raises(RuntimeError, match="no double backward"):
+        torch.autograd.grad(dx.pow(2).sum(), x)
+
+
+def test_cpu_additive_mask_gets_no_gradient():
+    """A float mask that requires grad is an input of the C++ autograd but gets no gradient."""
+    x = torch.randn(2, 5, 7, dtype=torch.float64, requires_grad=True)
+    mask = torch.randn(5, 7, dtype=torch.float64, requires_grad=True)
+    out = fusedops.masked_softmax(x, mask, scale=0.5)
+    dx, dmask = torch.autograd.grad(out.pow(2).sum(), [x, mask], allow_unused=True)
+    assert dmask is None
+    expected = torch.softmax(0.5 * x + mask.detach(), -1)
+    (ref,) = torch.autograd.grad(expected.pow(2).sum(), x)
+    torch.testing.assert_close(dx, ref)
+    _, lse, rng_state = ops.masked_softmax_fwd(x, mask, 1.0, False, 0.0, True)
+    assert not lse.requires_grad and not rng_state.requires_grad
+
+
 def test_cpu_masked_matches_sdpa_conventions():
     x = torch.randn(2, 3, 6, 9)
     keep = torch.rand(2, 1, 6, 9) > 0.4

@@ -2,33 +2,19 @@
 // cost 3-5x the host time of the PyTorch op a fused op replaces on tiny tensors; this keeps a
 // call one C++ dispatch deep. Registered for the Autograd key, so it serves CPU and CUDA alike;
 // the forward redispatches below autograd to the device kernel, the backward calls the ops.
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/autograd.h>
 #include <torch/library.h>
 
+#include "../common/autograd_utils.h"
 #include "../common/torch_utils.h"
 
 namespace fusedops {
 namespace {
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-using OptionalTensor = c10::optional<at::Tensor>;
-
-template <class Signature>
-c10::TypedOperatorHandle<Signature> op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
-}
 
 // Sum over every dim but the last, accumulated in fp32: the gradient of a per-column vector.
 at::Tensor column_sum(const at::Tensor& t, at::ScalarType dtype) {
   const int64_t cols = t.dim() ? t.size(-1) : 1;
   return t.reshape({-1, cols}).sum(0, false, acc_type(dtype)).to(dtype);
 }
-
-at::Tensor saved_or_undefined(const OptionalTensor& t) { return t ? *t : at::Tensor(); }
-
-OptionalTensor as_optional(const at::Tensor& t) { return t.defined() ? OptionalTensor(t) : c10::nullopt; }
 
 struct ScaleBias : torch::autograd::Function<ScaleBias> {
   using Signature = at::Tensor(const at::Tensor&, const OptionalTensor&, const OptionalTensor&, double, double);
@@ -39,7 +25,8 @@ struct ScaleBias : torch::autograd::Function<ScaleBias> {
     ctx->saved_data["scale_value"] = scale_value;
     ctx->saved_data["has_bias"] = bias.has_value();
     ctx->save_for_backward({scale ? x : at::Tensor(), saved_or_undefined(scale)});
-    return op<Signature>("fusedops::scale_bias").call(x, scale, bias, scale_value, bias_value);
+    static const auto scale_bias = op<Signature>("fusedops::scale_bias");
+    return scale_bias.call(x, scale, bias, scale_value, bias_value);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -47,11 +34,16 @@ struct ScaleBias : torch::autograd::Function<ScaleBias> {
     const at::Tensor &x = saved[0], &scale = saved[1], &grad = grads[0];
     at::Tensor grad_x, grad_scale, grad_bias;
     if (ctx->needs_input_grad(0)) {
-      grad_x = op<Signature>("fusedops::scale_bias")
-                   .call(grad, as_optional(scale), c10::nullopt, ctx->saved_data["scale_value"].toDouble(), 0.0);
+      static const auto scale_bias = op<Signature>("fusedops::scale_bias");
+      grad_x = scale_bias.call(grad, as_optional(scale), c10::nullopt, ctx->saved_data["scale_value"].toDouble(), 0.0);
     }
-    if (scale.defined() && ctx->needs_input_grad(1)) grad_scale = column_sum(grad.to(acc_type(grad.scalar_type())).mul(x), scale.scalar_type());
-    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) grad_bias = column_sum(grad, grad.scalar_type());
+    if (needs_grad(ctx, scale, 1)) {
+      grad_scale = column_sum(grad.to(acc_type(grad.scalar_type())).mul(x), scale.scalar_type());
+    }
+    // bias's edge follows scale's only when a scale tensor was given.
+    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(1 + scale.defined())) {
+      grad_bias = column_sum(grad, grad.scalar_type());
+    }
     return {grad_x, grad_scale, grad_bias, at::Tensor(), at::Tensor()};
   }
 };
@@ -61,17 +53,17 @@ struct BiasGelu : torch::autograd::Function<BiasGelu> {
     at::AutoDispatchBelowADInplaceOrView guard;
     ctx->saved_data["tanh"] = tanh;
     ctx->save_for_backward({x, saved_or_undefined(bias)});
-    return op<at::Tensor(const at::Tensor&, const OptionalTensor&, bool)>("fusedops::bias_gelu_fwd").call(x, bias, tanh);
+    static const auto fwd = op<at::Tensor(const at::Tensor&, const OptionalTensor&, bool)>("fusedops::bias_gelu_fwd");
+    return fwd.call(x, bias, tanh);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &bias = saved[1];
-    const at::Tensor grad_x =
-        op<at::Tensor(const at::Tensor&, const at::Tensor&, const OptionalTensor&, bool)>("fusedops::bias_gelu_bwd")
-            .call(grads[0], x, as_optional(bias), ctx->saved_data["tanh"].toBool());
-    const at::Tensor grad_bias = bias.defined() && ctx->needs_input_grad(1) ? column_sum(grad_x, bias.scalar_type())
-                                                                            : at::Tensor();
+    static const auto bwd =
+        op<at::Tensor(const at::Tensor&, const at::Tensor&, const OptionalTensor&, bool)>("fusedops::bias_gelu_bwd");
+    const at::Tensor grad_x = bwd.call(grads[0], x, as_optional(bias), ctx->saved_data["tanh"].toBool());
+    const at::Tensor grad_bias = needs_grad(ctx, bias, 1) ? column_sum(grad_x, bias.scalar_type()) : at::Tensor();
     return {grad_x, grad_bias, at::Tensor()};
   }
 };
@@ -80,10 +72,10 @@ struct BiasDropoutAdd : torch::autograd::Function<BiasDropoutAdd> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const OptionalTensor& bias,
                                const at::Tensor& residual, double p, bool training) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [out, rng_state] =
-        op<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const OptionalTensor&, const at::Tensor&, double, bool)>(
-            "fusedops::bias_dropout_add_fwd")
-            .call(x, bias, residual, p, training);
+    static const auto fwd = op<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const OptionalTensor&,
+                                                                   const at::Tensor&, double, bool)>(
+        "fusedops::bias_dropout_add_fwd");
+    auto [out, rng_state] = fwd.call(x, bias, residual, p, training);
     ctx->saved_data["p"] = p;
     ctx->saved_data["dropout"] = training && p > 0.0;
     ctx->saved_data["has_bias"] = bias.has_value();
@@ -96,8 +88,9 @@ struct BiasDropoutAdd : torch::autograd::Function<BiasDropoutAdd> {
     const at::Tensor& grad = grads[0];
     at::Tensor grad_x = grad;
     if (ctx->saved_data["dropout"].toBool()) {
-      grad_x = op<at::Tensor(const at::Tensor&, const at::Tensor&, double)>("fusedops::dropout_bwd")
-                   .call(grad, ctx->get_saved_variables()[0], ctx->saved_data["p"].toDouble());
+      static const auto dropout_bwd =
+          op<at::Tensor(const at::Tensor&, const at::Tensor&, double)>("fusedops::dropout_bwd");
+      grad_x = dropout_bwd.call(grad, ctx->get_saved_variables()[0], ctx->saved_data["p"].toDouble());
     }
     const at::Tensor grad_bias = ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(1)
                                      ? column_sum(grad_x, grad.scalar_type())
@@ -110,15 +103,15 @@ struct Swiglu : torch::autograd::Function<Swiglu> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
     at::AutoDispatchBelowADInplaceOrView guard;
     ctx->save_for_backward({gate, up});
-    return op<at::Tensor(const at::Tensor&, const at::Tensor&)>("fusedops::swiglu_fwd").call(gate, up);
+    static const auto fwd = op<at::Tensor(const at::Tensor&, const at::Tensor&)>("fusedops::swiglu_fwd");
+    return fwd.call(gate, up);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    auto [grad_gate, grad_up] =
-        op<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&)>(
-            "fusedops::swiglu_bwd")
-            .call(grads[0], saved[0], saved[1]);
+    static const auto bwd = op<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                                   const at::Tensor&)>("fusedops::swiglu_bwd");
+    auto [grad_gate, grad_up] = bwd.call(grads[0], saved[0], saved[1]);
     return {grad_gate, grad_up};
   }
 };

@@ -1,4 +1,5 @@
-"""Softmax family: registrations (CPU reference, fake, autograd) and public wrappers.
+"""Softmax family: registrations (CPU reference, fake) and public wrappers. Autograd is
+registered in C++ (csrc/softmax/softmax_autograd.cpp) to keep host overhead low.
 
 The ops work along the last dim; `dim != -1` moves that dim last with an explicit copy."""
 import torch
@@ -23,19 +24,6 @@ def _(x, scale, log):
 @torch.library.register_fake("fusedops::softmax_bwd")
 def _(grad, y, scale, log):
     return torch.empty_like(y, memory_format=torch.contiguous_format)
-
-
-def _softmax_setup(ctx, inputs, output):
-    _, ctx.scale, ctx.log = inputs
-    ctx.save_for_backward(output)
-
-
-def _softmax_backward(ctx, grad):
-    (y,) = ctx.saved_tensors
-    return ops.softmax_bwd(grad, y, ctx.scale, ctx.log), None, None
-
-
-torch.library.register_autograd("fusedops::softmax_fwd", _softmax_backward, setup_context=_softmax_setup)
 
 
 # ---- masked_softmax --------------------------------------------------------------------------
@@ -64,27 +52,16 @@ def _(grad, x, mask, lse, rng_state, scale, causal, p):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-def _masked_softmax_setup(ctx, inputs, output):
-    x, mask, ctx.scale, ctx.causal, p, training = inputs
-    ctx.p = p if training and p > 0 else 0.0
-    ctx.save_for_backward(x, mask, output[1], output[2])
-
-
-def _masked_softmax_backward(ctx, grad, _grad_lse, _grad_rng_state):
-    x, mask, lse, rng_state = ctx.saved_tensors
-    grad_x = ops.masked_softmax_bwd(grad, x, mask, lse, rng_state, ctx.scale, ctx.causal, ctx.p)
-    return grad_x, None, None, None, None, None
-
-
-torch.library.register_autograd(
-    "fusedops::masked_softmax_fwd", _masked_softmax_backward, setup_context=_masked_softmax_setup
-)
-
-
 # ---- public wrappers -------------------------------------------------------------------------
+# The checks run on every call, so the common cases take a short path.
+
+_softmax_fwd = ops.softmax_fwd.default
+_masked_softmax_fwd = ops.masked_softmax_fwd.default
 
 
 def _check_scale(scale):
+    if type(scale) is float:
+        return scale
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(f"fusedops: scale must be a Python number, got {type(scale).__name__}")
     return float(scale)
@@ -99,27 +76,28 @@ def _check_dim(dim, input):
     return dim % ndim
 
 
-def _along_dim(input, dim, fn):
-    """fn over the last dim; another dim is moved last with an explicit copy and moved back."""
+def _softmax_along_dim(input, dim, scale, log):
+    """softmax_fwd over dim: another dim than the last is moved last with an explicit copy and
+    moved back."""
+    _checks.check_input(input, "input")
+    scale = _check_scale(scale)
+    if dim == -1 and type(dim) is int:  # the last dim of any input, 0-dim included
+        return _softmax_fwd(input, scale, log)
     dim = _check_dim(dim, input)
     if input.dim() == 0 or dim == input.dim() - 1:
-        return fn(input)
-    return fn(input.movedim(dim, -1).contiguous()).movedim(-1, dim)
+        return _softmax_fwd(input, scale, log)
+    return _softmax_fwd(input.movedim(dim, -1).contiguous(), scale, log).movedim(-1, dim)
 
 
 def softmax(input, dim=-1, *, scale=1.0):
     """softmax(scale * input) along dim, as torch.softmax; fp32 accumulation, output in input's dtype.
     A row whose logits are all -inf gives zeros (torch gives NaN)."""
-    _checks.check_input(input, "input")
-    scale = _check_scale(scale)
-    return _along_dim(input, dim, lambda t: ops.softmax_fwd(t, scale, False))
+    return _softmax_along_dim(input, dim, scale, False)
 
 
 def log_softmax(input, dim=-1, *, scale=1.0):
     """log_softmax(scale * input) along dim, as torch.log_softmax."""
-    _checks.check_input(input, "input")
-    scale = _check_scale(scale)
-    return _along_dim(input, dim, lambda t: ops.softmax_fwd(t, scale, True))
+    return _softmax_along_dim(input, dim, scale, True)
 
 
 def _check_mask(mask, input):
@@ -157,4 +135,4 @@ def masked_softmax(input, mask=None, *, scale=1.0, causal=False, dropout_p=0.0, 
         _check_mask(mask, input)
     scale = _check_scale(scale)
     _checks.check_probability(dropout_p, "dropout_p")
-    return ops.masked_softmax_fwd(input, mask, scale, bool(causal), float(dropout_p), bool(training))[0]
+    return _masked_softmax_fwd(input, mask, scale, bool(causal), float(dropout_p), bool(training))[0]
