@@ -124,6 +124,31 @@ def test_backward_cpu_scalar_scale_tensor_bias():
     torch.testing.assert_close(db, torch.full_like(b, 5.0))
 
 
+def test_cpu_double_backward():
+    """scale_bias is linear in x: its second derivative goes through its own autograd and is right.
+    The other ops' backward kernels have no derivative: differentiating their gradients raises."""
+    x = torch.randn(5, 24, dtype=torch.float64, requires_grad=True)
+    s = torch.randn(24, dtype=torch.float64, requires_grad=True)
+    torch.autograd.gradgradcheck(lambda t, c: fusedops.scale_bias(t, c, 0.5), (x, s))
+    for name, fn in (
+        ("bias_gelu", lambda t: fusedops.bias_gelu(t, s)),
+        ("bias_dropout_add", lambda t: fusedops.bias_dropout_add(t, s, t, 0.0)),
+        ("swiglu", lambda t: fusedops.swiglu(t, t)),
+    ):
+        (dx,) = torch.autograd.grad(fn(x).pow(2).sum(), x, create_graph=True)
+        (expected,) = torch.autograd.grad(fn(x).pow(2).sum(), x)
+        torch.testing.assert_close(dx, expected)
+        with pytest.raises(RuntimeError, match=f"{name} has no double backward"):
+            torch.autograd.grad(dx.pow(2).sum(), x)
+
+
+def test_cpu_no_grad_records_no_graph():
+    x = torch.randn(4, 8, requires_grad=True)
+    with torch.no_grad():
+        outs = [fusedops.scale_bias(x, 2.0, 1.0), fusedops.bias_gelu(x), fusedops.swiglu(x, x)]
+    assert all(o.grad_fn is None and not o.requires_grad for o in outs)
+
+
 # ---------------------------------------------------------------------------------------------
 # GPU
 
