@@ -56,6 +56,10 @@ constexpr int kFwdPrefetchChunks = 2;
 // paid once, no block launches per row) vs one block per row group. One block per row group won
 // by 2-9 points of copy at N = 512-16384 (launcher timing, H200, session 4).
 constexpr bool kFwdResidentGrid = false;
+// Cache hints of the register-row forward (16-byte rows): 0 none; 1 rows read and written with
+// ld/st.global.cs (evict first in L1 and L2); 2 rows read and written without allocating in L1 and
+// evict-first in L2, weight and bias read evict-last in L1 (kept there for the next rows).
+constexpr int kFwdCacheHints = 0;
 // Backward block rows up to this many chunks (LayerNorm / RMSNorm; at most 1024) run one chunk a
 // thread with the column sums in registers (no shared-memory traffic); longer ones the shared-sums
 // kernel (several chunks a thread, column sums in shared memory: more bytes in flight per SM).
@@ -102,6 +106,7 @@ constexpr int kStagedThreads = 512;
 static_assert(kLnBwdWarpRowsMaxChunks == 32 || kLnBwdWarpRowsMaxChunks == 64 || kLnBwdWarpRowsMaxChunks == 128);
 static_assert(kRmsBwdWarpRowsMaxChunks == 32 || kRmsBwdWarpRowsMaxChunks == 64 || kRmsBwdWarpRowsMaxChunks == 128);
 static_assert(kFwdOneRowChunks == 2 || kFwdOneRowChunks == 4 || kFwdOneRowChunks == 8);
+static_assert(kFwdCacheHints >= 0 && kFwdCacheHints <= 2);
 static_assert(kFwdPrefetchChunks == 2 || kFwdPrefetchChunks == 4 || kFwdPrefetchChunks == 8);
 static_assert(kLnBwdRegisterSumsMaxChunks <= 1024 && kRmsBwdRegisterSumsMaxChunks <= 1024);
 static_assert(kLnBwdRegisterSumsChunks == 1 || kLnBwdRegisterSumsChunks == 2);
@@ -115,6 +120,9 @@ constexpr int kMaxThreads = 1024;
 constexpr int kWarpRowsThreads = 128;  // one warp per row: 4 rows per block
 constexpr int kWarpRowsGroups = kWarpRowsThreads / 32;
 constexpr int kBlockRowsThreads = 512;  // register-row blocks: up to 128 registers a thread
+// The forward's hints (kFwdCacheHints) for the rows (x, residual, out, residual_out) and columns.
+constexpr Hint kFwdRowHint = kFwdCacheHints == 1 ? Hint::StreamCs : kFwdCacheHints == 2 ? Hint::StreamNoAllocate : Hint::None;
+constexpr Hint kFwdColumnHint = kFwdCacheHints == 2 ? Hint::Keep : Hint::None;
 
 template <typename T> struct Tag { using type = T; };
 
@@ -333,7 +341,10 @@ struct Chunks {
 
   __device__ __forceinline__ acc_t<T> get(int k, int j) const { return raw_element<T>(v[k].val, j); }
   __device__ __forceinline__ void set(int k, const AlignedVector<T, VEC>& values) { memcpy(&v[k], &values, sizeof(Chunk)); }
-  __device__ __forceinline__ static Chunk load(const T* ptr) { return load_vector<Word, kWords>(reinterpret_cast<const Word*>(ptr)); }
+  template <Hint H = Hint::None>
+  __device__ __forceinline__ static Chunk load(const T* ptr) {
+    return load_vector_hinted<H, Word, kWords>(reinterpret_cast<const Word*>(ptr));
+  }
 };
 
 template <typename T, int VEC, int VPT, typename A>
@@ -346,11 +357,11 @@ __device__ __forceinline__ void fill_chunks(A value, Chunks<T, VEC, VPT>& c) {
 }
 
 // One raw chunk of a column vector (weight, bias) at col, or `absent` when ptr is null.
-template <typename W, int VEC>
+template <typename W, int VEC, Hint H = Hint::None>
 __device__ __forceinline__ Chunks<W, VEC, 1> column_chunk(const void* ptr, int col, const Chunks<W, VEC, 1>& absent) {
   if (ptr == nullptr) return absent;
   Chunks<W, VEC, 1> c;
-  c.v[0] = c.load(static_cast<const W*>(ptr) + col);
+  c.v[0] = c.template load<H>(static_cast<const W*>(ptr) + col);
   return c;
 }
 
@@ -367,13 +378,13 @@ __device__ __forceinline__ P* row_start(P* base, int64_t offset) {
 }
 
 // This thread's chunks of the row at row_ptr; zeros for an invalid row and past the row's end.
-template <typename T, int VEC, int VPT, bool WARP_ROWS>
+template <Hint H = Hint::None, typename T, int VEC, int VPT, bool WARP_ROWS>
 __device__ __forceinline__ void load_chunks(const T* row_ptr, bool valid, const RowGroup<WARP_ROWS>& group, int cols,
                                             Chunks<T, VEC, VPT>& c) {
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
     const int col = (k * group.size + group.lane) * VEC;
-    c.v[k] = valid && col < cols ? c.load(row_ptr + col) : typename Chunks<T, VEC, VPT>::Chunk{};
+    c.v[k] = valid && col < cols ? c.template load<H>(row_ptr + col) : typename Chunks<T, VEC, VPT>::Chunk{};
   }
 }
 
@@ -420,9 +431,10 @@ template <bool ADD, typename T, int VEC, int VPT, bool WARP_ROWS>
 __device__ __forceinline__ void load_fwd_row(const NormFwdParams& p, int64_t row, bool valid,
                                              const RowGroup<WARP_ROWS>& group, int cols, Chunks<T, VEC, VPT>& x,
                                              Chunks<T, VEC, VPT>& residual) {
-  load_chunks(row_start(static_cast<const T*>(p.x), row * p.x_row_stride), valid, group, cols, x);
+  load_chunks<kFwdRowHint>(row_start(static_cast<const T*>(p.x), row * p.x_row_stride), valid, group, cols, x);
   if constexpr (ADD)
-    load_chunks(row_start(static_cast<const T*>(p.residual), row * p.residual_row_stride), valid, group, cols, residual);
+    load_chunks<kFwdRowHint>(row_start(static_cast<const T*>(p.residual), row * p.residual_row_stride), valid, group,
+                             cols, residual);
 }
 
 // Forward, row held in registers (raw); blocks stride over rows. With PREFETCH the group's next row is loaded before the current one is reduced (two raw copies of a row
@@ -465,7 +477,7 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdPara
         for (int j = 0; j < VEC; ++j) rounded.val[j] = from_acc<T>(x.get(k, j) + next_residual.get(k, j));
         x.set(k, rounded);
         const int col = (k * group.size + group.lane) * VEC;
-        if (valid && col < cols) store_vector<T, VEC>(residual_out_row + col, rounded);
+        if (valid && col < cols) store_vector_hinted<kFwdRowHint, T, VEC>(residual_out_row + col, rounded);
       }
     }
     if constexpr (PREFETCH)
@@ -504,15 +516,15 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdPara
       if (col >= cols) continue;
       // Raw (W-typed) weight and bias, read per row (L1 hits): held across rows or converted they
       // would cost registers (occupancy) in every kernel that is not already limited by them.
-      const auto w = column_chunk<W, VEC>(p.weight, col, ones);
-      const auto b = column_chunk<W, VEC>(p.bias, col, zeros);
+      const auto w = column_chunk<W, VEC, kFwdColumnHint>(p.weight, col, ones);
+      const auto b = column_chunk<W, VEC, kFwdColumnHint>(p.bias, col, zeros);
       AlignedVector<T, VEC> out;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         const A c = kRecenterEachPass ? x.get(k, j) - mean : centered[k][j];
         out.val[j] = from_acc<T>(c * rstd * w.get(0, j) + b.get(0, j));
       }
-      store_vector<T, VEC>(out_row + col, out);
+      store_vector_hinted<kFwdRowHint, T, VEC>(out_row + col, out);
     }
   }
 }
