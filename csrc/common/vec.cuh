@@ -45,6 +45,14 @@ __device__ __forceinline__ void store_vector(T* ptr, const AlignedVector<T, N>& 
 //   Keep: evict last in L1 (small data read again and again, e.g. a norm's weight).
 enum class Hint { None, StreamCs, StreamNoAllocate, Keep };
 
+// An L2 evict-first cache policy for .L2::cache_hint accesses (the compiler may share one
+// between accesses: no side effects).
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
 template <Hint H, typename T, int N>
 __device__ __forceinline__ AlignedVector<T, N> load_vector_hinted(const T* ptr) {
   if constexpr (H == Hint::None || sizeof(AlignedVector<T, N>) != 16) {
@@ -54,9 +62,9 @@ __device__ __forceinline__ AlignedVector<T, N> load_vector_hinted(const T* ptr) 
     if constexpr (H == Hint::StreamCs) {
       bits = __ldcs(reinterpret_cast<const uint4*>(ptr));
     } else if constexpr (H == Hint::StreamNoAllocate) {
-      asm("ld.global.L1::no_allocate.L2::evict_first.v4.u32 {%0, %1, %2, %3}, [%4];"
+      asm("ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
           : "=r"(bits.x), "=r"(bits.y), "=r"(bits.z), "=r"(bits.w)
-          : "l"(__cvta_generic_to_global(ptr)));
+          : "l"(__cvta_generic_to_global(ptr)), "l"(l2_evict_first_policy()));
     } else {
       asm("ld.global.L1::evict_last.v4.u32 {%0, %1, %2, %3}, [%4];"
           : "=r"(bits.x), "=r"(bits.y), "=r"(bits.z), "=r"(bits.w)
@@ -78,9 +86,9 @@ __device__ __forceinline__ void store_vector_hinted(T* ptr, const AlignedVector<
     if constexpr (H == Hint::StreamCs) {
       __stcs(reinterpret_cast<uint4*>(ptr), bits);
     } else {
-      asm volatile("st.global.L1::no_allocate.L2::evict_first.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(
+      asm volatile("st.global.L1::no_allocate.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(
                        __cvta_generic_to_global(ptr)),
-                   "r"(bits.x), "r"(bits.y), "r"(bits.z), "r"(bits.w));
+                   "r"(bits.x), "r"(bits.y), "r"(bits.z), "r"(bits.w), "l"(l2_evict_first_policy()));
     }
   }
 }

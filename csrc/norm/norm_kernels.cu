@@ -60,6 +60,14 @@ constexpr bool kFwdResidentGrid = false;
 // ld/st.global.cs (evict first in L1 and L2); 2 rows read and written without allocating in L1 and
 // evict-first in L2, weight and bias read evict-last in L1 (kept there for the next rows).
 constexpr int kFwdCacheHints = 0;
+// Forward rows of more than kFwdClusterMinChunks chunks (0: none) are split over a cluster of
+// kFwdClusterBlocks blocks (sm_90, fp32 sums, 16-byte chunks, columns a multiple of the cluster's
+// chunks): each block holds its slice in registers as a one-row kernel (kFwdOneRowChunks a
+// thread), the blocks add their row sums through distributed shared memory. Smaller blocks than
+// one whole row a block: more of them resident per SM (N = 32768: 2 x 512 threads of ~64
+// registers instead of one 512-thread block of ~128).
+constexpr int kFwdClusterMinChunks = 0;
+constexpr int kFwdClusterBlocks = 2;
 // Backward block rows up to this many chunks (LayerNorm / RMSNorm; at most 1024) run one chunk a
 // thread with the column sums in registers (no shared-memory traffic); longer ones the shared-sums
 // kernel (several chunks a thread, column sums in shared memory: more bytes in flight per SM).
@@ -107,6 +115,7 @@ static_assert(kLnBwdWarpRowsMaxChunks == 32 || kLnBwdWarpRowsMaxChunks == 64 || 
 static_assert(kRmsBwdWarpRowsMaxChunks == 32 || kRmsBwdWarpRowsMaxChunks == 64 || kRmsBwdWarpRowsMaxChunks == 128);
 static_assert(kFwdOneRowChunks == 2 || kFwdOneRowChunks == 4 || kFwdOneRowChunks == 8);
 static_assert(kFwdCacheHints >= 0 && kFwdCacheHints <= 2);
+static_assert(kFwdClusterBlocks == 2 || kFwdClusterBlocks == 4 || kFwdClusterBlocks == 8);
 static_assert(kFwdPrefetchChunks == 2 || kFwdPrefetchChunks == 4 || kFwdPrefetchChunks == 8);
 static_assert(kLnBwdRegisterSumsMaxChunks <= 1024 && kRmsBwdRegisterSumsMaxChunks <= 1024);
 static_assert(kLnBwdRegisterSumsChunks == 1 || kLnBwdRegisterSumsChunks == 2);
@@ -427,24 +436,56 @@ struct RowWalk {
 };
 
 // The normalized input of one row (zeros unless valid): x, or x + residual rounded to T (ADD).
+// The group holds the `cols` columns from col_begin.
 template <bool ADD, typename T, int VEC, int VPT, bool WARP_ROWS>
-__device__ __forceinline__ void load_fwd_row(const NormFwdParams& p, int64_t row, bool valid,
+__device__ __forceinline__ void load_fwd_row(const NormFwdParams& p, int64_t row, int64_t col_begin, bool valid,
                                              const RowGroup<WARP_ROWS>& group, int cols, Chunks<T, VEC, VPT>& x,
                                              Chunks<T, VEC, VPT>& residual) {
-  load_chunks<kFwdRowHint>(row_start(static_cast<const T*>(p.x), row * p.x_row_stride), valid, group, cols, x);
+  load_chunks<kFwdRowHint>(row_start(static_cast<const T*>(p.x), row * p.x_row_stride + col_begin), valid, group, cols,
+                           x);
   if constexpr (ADD)
-    load_chunks<kFwdRowHint>(row_start(static_cast<const T*>(p.residual), row * p.residual_row_stride), valid, group,
-                             cols, residual);
+    load_chunks<kFwdRowHint>(row_start(static_cast<const T*>(p.residual), row * p.residual_row_stride + col_begin),
+                             valid, group, cols, residual);
 }
 
-// Forward, row held in registers (raw); blocks stride over rows. With PREFETCH the group's next row is loaded before the current one is reduced (two raw copies of a row
-// per thread); without it each row is loaded when it starts. Weight and bias are read at the
-// write, per row.
-// MAX_THREADS: the launch bound (registers per thread), without a minimum of blocks: ptxas picks
-// the occupancy.
-template <typename T, typename W, bool RMS, bool ADD, bool WARP_ROWS, int VEC, int VPT, bool PREFETCH,
-          int MAX_THREADS>
-__global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdParams p) {
+// The part of a row a forward block holds: all of it, its row sums being the row's.
+struct WholeRows {
+  static constexpr int kBlocks = 1;
+  static constexpr int rank = 0;
+  template <typename A> __device__ __forceinline__ A total(A block_sum, bool /*first*/, bool /*last*/) { return block_sum; }
+};
+
+// Rows split over a cluster of BLOCKS blocks, block `rank` holding slice `rank`: total() adds the
+// blocks' sums of the row (fp32) in rank order, the same bits in every block. Before a row's
+// first exchange a block waits at the cluster barrier for the other blocks' arrival after their
+// previous row's last exchange (or their mbarriers' initialization); the kernel waits once more
+// before exiting. A block's shared memory is then never written after it exits: every value sent
+// to it has arrived (its last exchange completed) once the others may run past it.
+template <int BLOCKS>
+struct ClusterRowSlice {
+  static constexpr int kBlocks = BLOCKS;
+  ClusterExchange<float> exchange;
+  int rank;
+  int exchanges = 0;  // parity: exchanges % 2, phase: exchanges / 2 % 2
+  __device__ __forceinline__ float total(float block_sum, bool first, bool last) {
+    if (first) exchange.wait_peers();
+    const float* sums = exchange.exchange(block_sum, exchanges & 1, static_cast<uint32_t>(exchanges >> 1) & 1u);
+    ++exchanges;
+    if (last) exchange.arrive_done();
+    float row_sum = 0;
+#pragma unroll
+    for (int r = 0; r < BLOCKS; ++r) row_sum += sums[r];
+    return row_sum;
+  }
+};
+
+// Forward, row held in registers (raw); blocks stride over rows. With PREFETCH the group's next
+// row is loaded before the current one is reduced (two raw copies of a row per thread); without it
+// each row is loaded when it starts. Weight and bias are read at the write, per row. Slice:
+// WholeRows, or ClusterRowSlice (one-row block rows only).
+template <typename T, typename W, bool RMS, bool ADD, bool WARP_ROWS, int VEC, int VPT, bool PREFETCH, class Slice>
+__device__ __forceinline__ void norm_fwd_rows(const NormFwdParams& p, Slice& slice, acc_t<T> (&scratch)[32]) {
+  static_assert(Slice::kBlocks == 1 || (!WARP_ROWS && !PREFETCH));
   using A = acc_t<T>;
   using Row = Chunks<T, VEC, VPT>;
   // x - mean is computed once for every element (also past the row's end, so that the output can
@@ -452,24 +493,35 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdPara
   // raw rows of 64 elements a thread (prefetch), where it would spill: the output then unpacks
   // and subtracts again from the raw row.
   constexpr bool kRecenterEachPass = PREFETCH && VPT * VEC > 32;
-  __shared__ A scratch[32];
   const RowGroup<WARP_ROWS> group;
-  const int cols = static_cast<int>(p.cols);
-  const A inv_cols = A(1) / A(cols);
+  const int cols = static_cast<int>(p.cols) / Slice::kBlocks;  // this block's slice
+  const int64_t col_begin = int64_t(slice.rank) * cols;
+  const A inv_cols = A(1) / A(cols * Slice::kBlocks);
+  const void* weight = p.weight;
+  const void* bias = p.bias;
+  if constexpr (Slice::kBlocks > 1) {
+    if (weight != nullptr) weight = static_cast<const W*>(weight) + col_begin;
+    if (bias != nullptr) bias = static_cast<const W*>(bias) + col_begin;
+  }
   Chunks<W, VEC, 1> ones, zeros;
   fill_chunks(A(1), ones);
   fill_chunks(A(0), zeros);
   RowWalk<WARP_ROWS> walk(group);
+  if constexpr (Slice::kBlocks > 1) {
+    walk.row = blockIdx.x / Slice::kBlocks;
+    walk.step = gridDim.x / Slice::kBlocks;
+  }
   Row next_x, next_residual;
-  if constexpr (PREFETCH) load_fwd_row<ADD>(p, walk.row, walk.row < p.rows, group, cols, next_x, next_residual);
+  if constexpr (PREFETCH)
+    load_fwd_row<ADD>(p, walk.row, col_begin, walk.row < p.rows, group, cols, next_x, next_residual);
   // Every thread of the block runs the same iterations (row-group reductions need them all).
   for (int64_t first = walk.row - group.index; first < p.rows; first += walk.step, walk.row += walk.step) {
     const int64_t row = walk.row;
     const bool valid = row < p.rows;
-    if constexpr (!PREFETCH) load_fwd_row<ADD>(p, row, valid, group, cols, next_x, next_residual);
+    if constexpr (!PREFETCH) load_fwd_row<ADD>(p, row, col_begin, valid, group, cols, next_x, next_residual);
     Row x = next_x;
     if constexpr (ADD) {
-      T* residual_out_row = row_start(static_cast<T*>(p.residual_out), row * p.cols);
+      T* residual_out_row = row_start(static_cast<T*>(p.residual_out), row * p.cols + col_begin);
 #pragma unroll
       for (int k = 0; k < VPT; ++k) {
         AlignedVector<T, VEC> rounded;
@@ -481,13 +533,13 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdPara
       }
     }
     if constexpr (PREFETCH)
-      load_fwd_row<ADD>(p, row + walk.step, row + walk.step < p.rows, group, cols, next_x, next_residual);
+      load_fwd_row<ADD>(p, row + walk.step, col_begin, row + walk.step < p.rows, group, cols, next_x, next_residual);
     A sum = 0;
 #pragma unroll
     for (int k = 0; k < VPT; ++k)
 #pragma unroll
       for (int j = 0; j < VEC; ++j) sum += x.get(k, j);
-    const A mean = RMS ? A(0) : group.sum(sum, scratch) * inv_cols;
+    const A mean = RMS ? A(0) : slice.total(group.sum(sum, scratch), true, false) * inv_cols;
     if constexpr (kRecenterEachPass) forget_values(x);
     A centered[VPT][VEC];
     A squares = 0;
@@ -505,19 +557,19 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdPara
         }
       }
     }
-    const A rstd = inv_sqrt(group.sum(squares, scratch) * inv_cols + A(p.eps));
+    const A rstd = inv_sqrt(slice.total(group.sum(squares, scratch), RMS, true) * inv_cols + A(p.eps));
     if (!valid) continue;
     if constexpr (kRecenterEachPass) forget_values(x);
-    if (group.lane == 0) store_stats(p, row, mean, rstd, RMS);
-    T* out_row = row_start(static_cast<T*>(p.out), row * p.cols);
+    if (group.lane == 0 && slice.rank == 0) store_stats(p, row, mean, rstd, RMS);
+    T* out_row = row_start(static_cast<T*>(p.out), row * p.cols + col_begin);
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
       const int col = (k * group.size + group.lane) * VEC;
       if (col >= cols) continue;
       // Raw (W-typed) weight and bias, read per row (L1 hits): held across rows or converted they
       // would cost registers (occupancy) in every kernel that is not already limited by them.
-      const auto w = column_chunk<W, VEC, kFwdColumnHint>(p.weight, col, ones);
-      const auto b = column_chunk<W, VEC, kFwdColumnHint>(p.bias, col, zeros);
+      const auto w = column_chunk<W, VEC, kFwdColumnHint>(weight, col, ones);
+      const auto b = column_chunk<W, VEC, kFwdColumnHint>(bias, col, zeros);
       AlignedVector<T, VEC> out;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
@@ -527,6 +579,31 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdPara
       store_vector_hinted<kFwdRowHint, T, VEC>(out_row + col, out);
     }
   }
+}
+
+// MAX_THREADS: the launch bound (registers per thread), without a minimum of blocks: ptxas picks
+// the occupancy.
+template <typename T, typename W, bool RMS, bool ADD, bool WARP_ROWS, int VEC, int VPT, bool PREFETCH,
+          int MAX_THREADS>
+__global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdParams p) {
+  __shared__ acc_t<T> scratch[32];
+  WholeRows slice;
+  norm_fwd_rows<T, W, RMS, ADD, WARP_ROWS, VEC, VPT, PREFETCH>(p, slice, scratch);
+}
+
+// One-row forward, rows split over clusters of kFwdClusterBlocks blocks (see kFwdClusterMinChunks).
+template <typename T, typename W, bool RMS, bool ADD, int VEC, int VPT, int MAX_THREADS>
+__global__ void __launch_bounds__(MAX_THREADS) norm_fwd_cluster_kernel(const NormFwdParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __shared__ acc_t<T> scratch[32];
+  __shared__ float inbox[2][kMaxExchangeCluster];
+  __shared__ uint64_t exchange_bars[2];
+  const int rank = static_cast<int>(blockIdx.x) % kFwdClusterBlocks;
+  ClusterRowSlice<kFwdClusterBlocks> slice{{inbox, exchange_bars, kFwdClusterBlocks, rank}, rank};
+  slice.exchange.arrive_init();
+  norm_fwd_rows<T, W, RMS, ADD, false, VEC, VPT, false>(p, slice, scratch);
+  slice.exchange.wait_peers();
+#endif
 }
 
 // ---- backward ----------------------------------------------------------------------------------
@@ -1148,12 +1225,33 @@ FwdLaunch block_rows_launch(int64_t chunks) {
           threads_for((chunks + VPT - 1) / VPT), 1, kPrefetch || kFwdResidentGrid};
 }
 
+// One-row forward on rows split over clusters of kFwdClusterBlocks blocks, one cluster per row:
+// VPT chunks per thread, doubled (up to 8) while the slice needs more than kBlockRowsThreads threads.
+template <typename T, typename W, bool RMS, bool ADD, int VEC, int VPT>
+cudaError_t launch_fwd_cluster(const NormFwdParams& p, int64_t slice_chunks, cudaStream_t stream) {
+  if constexpr (VPT < 8) {
+    if (slice_chunks > int64_t(kBlockRowsThreads) * VPT)
+      return launch_fwd_cluster<T, W, RMS, ADD, VEC, 2 * VPT>(p, slice_chunks, stream);
+  }
+  // Rows past the grid are taken by the kernel's grid-stride loop.
+  const int64_t clusters = std::min<int64_t>(p.rows, (int64_t(1) << 30) / kFwdClusterBlocks);
+  return ClusterLaunch<FwdKernel>(norm_fwd_cluster_kernel<T, W, RMS, ADD, VEC, VPT, kBlockRowsThreads>,
+                                  kFwdClusterBlocks, threads_for((slice_chunks + VPT - 1) / VPT), 0, stream)
+      .launch(clusters, p);
+}
+
 // Register rows: a warp per row (4 rows per block) with 1 or 2 chunks per thread up to 64 chunks,
-// else a block per row (see the knobs); past 8 chunks per thread of 512 threads rows stream.
+// else a block per row (see the knobs), or a cluster per row (kFwdClusterMinChunks); past 8
+// chunks per thread of 512 threads rows stream.
 template <typename T, typename W, bool RMS, bool ADD, int VEC>
 cudaError_t launch_fwd_with(const NormFwdParams& p, cudaStream_t stream) {
   constexpr bool kWarpPrefetch = kFwdWarpRowsPrefetch;
   const int64_t chunks = (p.cols + VEC - 1) / VEC;
+  if constexpr (kFwdClusterMinChunks > 0 && VEC * sizeof(T) == 16 && std::is_same_v<acc_t<T>, float>) {
+    if (chunks > kFwdClusterMinChunks && chunks % kFwdClusterBlocks == 0 &&
+        chunks / kFwdClusterBlocks <= int64_t(kBlockRowsThreads) * 8 && device_limits().major >= 9)
+      return launch_fwd_cluster<T, W, RMS, ADD, VEC, kFwdOneRowChunks>(p, chunks / kFwdClusterBlocks, stream);
+  }
   FwdLaunch launch;
   if (chunks <= 32) {
     launch = {norm_fwd_kernel<T, W, RMS, ADD, true, VEC, 1, kWarpPrefetch, kWarpRowsThreads>, kWarpRowsThreads,
