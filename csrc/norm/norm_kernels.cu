@@ -495,14 +495,8 @@ __device__ __forceinline__ void norm_fwd_rows(const NormFwdParams& p, Slice& sli
   constexpr bool kRecenterEachPass = PREFETCH && VPT * VEC > 32;
   const RowGroup<WARP_ROWS> group;
   const int cols = static_cast<int>(p.cols) / Slice::kBlocks;  // this block's slice
-  const int64_t col_begin = int64_t(slice.rank) * cols;
+  const int col_begin = slice.rank * cols;
   const A inv_cols = A(1) / A(cols * Slice::kBlocks);
-  const void* weight = p.weight;
-  const void* bias = p.bias;
-  if constexpr (Slice::kBlocks > 1) {
-    if (weight != nullptr) weight = static_cast<const W*>(weight) + col_begin;
-    if (bias != nullptr) bias = static_cast<const W*>(bias) + col_begin;
-  }
   Chunks<W, VEC, 1> ones, zeros;
   fill_chunks(A(1), ones);
   fill_chunks(A(0), zeros);
@@ -568,8 +562,8 @@ __device__ __forceinline__ void norm_fwd_rows(const NormFwdParams& p, Slice& sli
       if (col >= cols) continue;
       // Raw (W-typed) weight and bias, read per row (L1 hits): held across rows or converted they
       // would cost registers (occupancy) in every kernel that is not already limited by them.
-      const auto w = column_chunk<W, VEC, kFwdColumnHint>(weight, col, ones);
-      const auto b = column_chunk<W, VEC, kFwdColumnHint>(bias, col, zeros);
+      const auto w = column_chunk<W, VEC, kFwdColumnHint>(p.weight, col_begin + col, ones);
+      const auto b = column_chunk<W, VEC, kFwdColumnHint>(p.bias, col_begin + col, zeros);
       AlignedVector<T, VEC> out;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
@@ -592,8 +586,10 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdPara
 }
 
 // One-row forward, rows split over clusters of kFwdClusterBlocks blocks (see kFwdClusterMinChunks).
+// Two blocks a SM up to 4 chunks a thread (64 registers): left to itself ptxas takes ~100 for
+// LayerNorm, one block a SM; add_layer_norm then spills 32 bytes.
 template <typename T, typename W, bool RMS, bool ADD, int VEC, int VPT, int MAX_THREADS>
-__global__ void __launch_bounds__(MAX_THREADS) norm_fwd_cluster_kernel(const NormFwdParams p) {
+__global__ void __launch_bounds__(MAX_THREADS, VPT <= 4 ? 2 : 1) norm_fwd_cluster_kernel(const NormFwdParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __shared__ acc_t<T> scratch[32];
   __shared__ float inbox[2][kMaxExchangeCluster];
