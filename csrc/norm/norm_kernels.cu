@@ -68,6 +68,11 @@ constexpr int kFwdCacheHints = 0;
 // registers instead of one 512-thread block of ~128).
 constexpr int kFwdClusterMinChunks = 0;
 constexpr int kFwdClusterBlocks = 2;
+// LayerNorm forward block rows: row statistics through shared memory once a row instead of twice
+// (mean, then the squared deviations from it): each warp's sum and squared deviations from the
+// warp's own mean, merged exactly over the warps (see block_ln_stats). One barrier a row instead
+// of four, one more subtraction an element (the output re-centres from the warp's mean).
+constexpr bool kLnFwdOneReduction = false;
 // Backward block rows up to this many chunks (LayerNorm / RMSNorm; at most 1024) run one chunk a
 // thread with the column sums in registers (no shared-memory traffic); longer ones the shared-sums
 // kernel (several chunks a thread, column sums in shared memory: more bytes in flight per SM).
@@ -453,6 +458,7 @@ struct WholeRows {
   static constexpr int kBlocks = 1;
   static constexpr int rank = 0;
   template <typename A> __device__ __forceinline__ A total(A block_sum, bool /*first*/, bool /*last*/) { return block_sum; }
+  template <typename A> __device__ __forceinline__ void merge_stats(A&, A&, A, A, A) {}
 };
 
 // Rows split over a cluster of BLOCKS blocks, block `rank` holding slice `rank`: total() adds the
@@ -464,20 +470,72 @@ struct WholeRows {
 template <int BLOCKS>
 struct ClusterRowSlice {
   static constexpr int kBlocks = BLOCKS;
-  ClusterExchange<float> exchange;
+  ClusterExchange<float2> exchange;
   int rank;
   int exchanges = 0;  // parity: exchanges % 2, phase: exchanges / 2 % 2
-  __device__ __forceinline__ float total(float block_sum, bool first, bool last) {
+  __device__ __forceinline__ const float2* send(float2 value, bool first, bool last) {
     if (first) exchange.wait_peers();
-    const float* sums = exchange.exchange(block_sum, exchanges & 1, static_cast<uint32_t>(exchanges >> 1) & 1u);
+    const float2* values = exchange.exchange(value, exchanges & 1, static_cast<uint32_t>(exchanges >> 1) & 1u);
     ++exchanges;
     if (last) exchange.arrive_done();
+    return values;
+  }
+  __device__ __forceinline__ float total(float block_sum, bool first, bool last) {
+    const float2* sums = send(make_float2(block_sum, 0.f), first, last);
     float row_sum = 0;
 #pragma unroll
-    for (int r = 0; r < BLOCKS; ++r) row_sum += sums[r];
+    for (int r = 0; r < BLOCKS; ++r) row_sum += sums[r].x;
     return row_sum;
   }
+  // The row's sum and squared deviations from its mean, from each block's sum and squared
+  // deviations from its slice's mean (block_count columns a slice): the same merge as the warps'.
+  __device__ __forceinline__ void merge_stats(float& sum, float& m2, float block_count, float inv_block_count,
+                                              float inv_cols) {
+    const float2* parts = send(make_float2(sum, m2), true, true);
+    sum = 0;
+#pragma unroll
+    for (int r = 0; r < BLOCKS; ++r) sum += parts[r].x;
+    const float mean = sum * inv_cols;
+    m2 = 0;
+#pragma unroll
+    for (int r = 0; r < BLOCKS; ++r) {
+      const float d = parts[r].x * inv_block_count - mean;
+      m2 += parts[r].y + block_count * d * d;
+    }
+  }
 };
+
+// Elements of a block row's `cols` columns (whole chunks of VEC) held by warp `warp`'s chunks.
+template <int VEC, int VPT>
+__device__ __forceinline__ int warp_elements(int warp, int group_size, int cols) {
+  const int chunks = cols / VEC;
+  int n = 0;
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) n += min(max(chunks - (k * group_size + 32 * warp), 0), 32);
+  return n * VEC;
+}
+
+// LayerNorm statistics of a block's slice of a row, one pass through shared memory: from each
+// warp's sum, its squared deviations from its own mean `center` (warp_m2) and its element count
+// (lane w: warp w's, lane_count), the slice's sum and squared deviations from the slice's mean,
+//   M2 = sum over warps of (M2_w + n_w * (center_w - mean)^2),
+// a sum of nonnegative terms (no cancellation, unlike sum(x^2) - n * mean^2). Rows alternate
+// between two buffers (parity), so one barrier a row suffices. Same bits in every thread.
+template <typename A, int VEC, int VPT>
+__device__ __forceinline__ void block_ln_stats(A& sum, A& m2, A center, A lane_count, A inv_block_cols, int parity) {
+  __shared__ A stats[2][3][32];
+  const int warp_lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (warp_lane == 0) {
+    stats[parity][0][warp] = sum;
+    stats[parity][1][warp] = m2;
+    stats[parity][2][warp] = center;
+  }
+  __syncthreads();
+  const bool holds = warp_lane < static_cast<int>(blockDim.x / 32);
+  sum = warp_reduce(holds ? stats[parity][0][warp_lane] : A(0), SumOp{});
+  const A d = holds ? stats[parity][2][warp_lane] - sum * inv_block_cols : A(0);
+  m2 = warp_reduce(holds ? stats[parity][1][warp_lane] + lane_count * d * d : A(0), SumOp{});
+}
 
 // Forward, row held in registers (raw); blocks stride over rows. With PREFETCH the group's next
 // row is loaded before the current one is reduced (two raw copies of a row per thread); without it
@@ -497,6 +555,16 @@ __device__ __forceinline__ void norm_fwd_rows(const NormFwdParams& p, Slice& sli
   const int cols = static_cast<int>(p.cols) / Slice::kBlocks;  // this block's slice
   const int col_begin = slice.rank * cols;
   const A inv_cols = A(1) / A(cols * Slice::kBlocks);
+  // kOneReduction: the element counts of this thread's warp (its reciprocal) and of warp `lane`.
+  constexpr bool kOneReduction = kLnFwdOneReduction && !RMS && !WARP_ROWS;
+  A inv_warp_count = 0, lane_warp_count = 0, inv_block_cols = inv_cols;
+  int parity = 0;
+  if constexpr (kOneReduction) {
+    const int own = warp_elements<VEC, VPT>(threadIdx.x / 32, group.size, cols);
+    inv_warp_count = own > 0 ? A(1) / A(own) : A(0);
+    lane_warp_count = A(warp_elements<VEC, VPT>(threadIdx.x % 32, group.size, cols));
+    if constexpr (Slice::kBlocks > 1) inv_block_cols = A(1) / A(cols);
+  }
   Chunks<W, VEC, 1> ones, zeros;
   fill_chunks(A(1), ones);
   fill_chunks(A(0), zeros);
@@ -533,7 +601,15 @@ __device__ __forceinline__ void norm_fwd_rows(const NormFwdParams& p, Slice& sli
     for (int k = 0; k < VPT; ++k)
 #pragma unroll
       for (int j = 0; j < VEC; ++j) sum += x.get(k, j);
-    const A mean = RMS ? A(0) : slice.total(group.sum(sum, scratch), true, false) * inv_cols;
+    // The squares are taken about `center`: the row's mean, or (kOneReduction) the warp's.
+    A mean, center;
+    if constexpr (kOneReduction) {
+      sum = warp_reduce(sum, SumOp{});
+      center = sum * inv_warp_count;
+    } else {
+      mean = RMS ? A(0) : slice.total(group.sum(sum, scratch), true, false) * inv_cols;
+      center = mean;
+    }
     if constexpr (kRecenterEachPass) forget_values(x);
     A centered[VPT][VEC];
     A squares = 0;
@@ -541,17 +617,28 @@ __device__ __forceinline__ void norm_fwd_rows(const NormFwdParams& p, Slice& sli
     for (int k = 0; k < VPT; ++k) {
       if constexpr (!kRecenterEachPass) {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) centered[k][j] = x.get(k, j) - mean;
+        for (int j = 0; j < VEC; ++j) centered[k][j] = x.get(k, j) - center;
       }
       if ((k * group.size + group.lane) * VEC < cols) {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const A c = kRecenterEachPass ? x.get(k, j) - mean : centered[k][j];
+          const A c = kRecenterEachPass ? x.get(k, j) - center : centered[k][j];
           squares += c * c;
         }
       }
     }
-    const A rstd = inv_sqrt(slice.total(group.sum(squares, scratch), RMS, true) * inv_cols + A(p.eps));
+    A rstd, shift = 0;  // shift: mean - center, taken off the kept deviations at the output
+    if constexpr (kOneReduction) {
+      squares = warp_reduce(squares, SumOp{});
+      block_ln_stats<A, VEC, VPT>(sum, squares, center, lane_warp_count, inv_block_cols, parity);
+      parity ^= 1;
+      slice.merge_stats(sum, squares, A(cols), inv_block_cols, inv_cols);
+      mean = sum * inv_cols;
+      rstd = inv_sqrt(squares * inv_cols + A(p.eps));
+      shift = mean - center;
+    } else {
+      rstd = inv_sqrt(slice.total(group.sum(squares, scratch), RMS, true) * inv_cols + A(p.eps));
+    }
     if (!valid) continue;
     if constexpr (kRecenterEachPass) forget_values(x);
     if (group.lane == 0 && slice.rank == 0) store_stats(p, row, mean, rstd, RMS);
@@ -567,7 +654,8 @@ __device__ __forceinline__ void norm_fwd_rows(const NormFwdParams& p, Slice& sli
       AlignedVector<T, VEC> out;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const A c = kRecenterEachPass ? x.get(k, j) - mean : centered[k][j];
+        A c = kRecenterEachPass ? x.get(k, j) - mean : centered[k][j];
+        if constexpr (kOneReduction && !kRecenterEachPass) c -= shift;
         out.val[j] = from_acc<T>(c * rstd * w.get(0, j) + b.get(0, j));
       }
       store_vector_hinted<kFwdRowHint, T, VEC>(out_row + col, out);
@@ -592,7 +680,7 @@ template <typename T, typename W, bool RMS, bool ADD, int VEC, int VPT, int MAX_
 __global__ void __launch_bounds__(MAX_THREADS, VPT <= 4 ? 2 : 1) norm_fwd_cluster_kernel(const NormFwdParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __shared__ acc_t<T> scratch[32];
-  __shared__ float inbox[2][kMaxExchangeCluster];
+  __shared__ float2 inbox[2][kMaxExchangeCluster];
   __shared__ uint64_t exchange_bars[2];
   const int rank = static_cast<int>(blockIdx.x) % kFwdClusterBlocks;
   ClusterRowSlice<kFwdClusterBlocks> slice{{inbox, exchange_bars, kFwdClusterBlocks, rank}, rank};
