@@ -62,8 +62,8 @@ constexpr bool kFwdResidentGrid = false;
 constexpr int kFwdCacheHints = 0;
 // Forward rows of more than kFwdClusterMinChunks chunks (0: none) are split over a cluster of
 // kFwdClusterBlocks blocks (sm_90, fp32 sums, 16-byte chunks, columns a multiple of the cluster's
-// chunks): each block holds its slice in registers as a one-row kernel (kFwdOneRowChunks a
-// thread), the blocks add their row sums through distributed shared memory. Smaller blocks than
+// chunks, slices of at most 512 threads x kFwdOneRowChunks): each block holds its slice in
+// registers as a one-row kernel, the blocks add their row sums through distributed shared memory. Smaller blocks than
 // one whole row a block: more of them resident per SM (N = 32768: 2 x 512 threads of ~64
 // registers instead of one 512-thread block of ~128).
 constexpr int kFwdClusterMinChunks = 0;
@@ -1309,14 +1309,10 @@ FwdLaunch block_rows_launch(int64_t chunks) {
           threads_for((chunks + VPT - 1) / VPT), 1, kPrefetch || kFwdResidentGrid};
 }
 
-// One-row forward on rows split over clusters of kFwdClusterBlocks blocks, one cluster per row:
-// VPT chunks per thread, doubled (up to 8) while the slice needs more than kBlockRowsThreads threads.
+// One-row forward on rows split over clusters of kFwdClusterBlocks blocks, one cluster per row,
+// VPT chunks per thread.
 template <typename T, typename W, bool RMS, bool ADD, int VEC, int VPT>
 cudaError_t launch_fwd_cluster(const NormFwdParams& p, int64_t slice_chunks, cudaStream_t stream) {
-  if constexpr (VPT < 8) {
-    if (slice_chunks > int64_t(kBlockRowsThreads) * VPT)
-      return launch_fwd_cluster<T, W, RMS, ADD, VEC, 2 * VPT>(p, slice_chunks, stream);
-  }
   // Rows past the grid are taken by the kernel's grid-stride loop.
   const int64_t clusters = std::min<int64_t>(p.rows, (int64_t(1) << 30) / kFwdClusterBlocks);
   return ClusterLaunch<FwdKernel>(norm_fwd_cluster_kernel<T, W, RMS, ADD, VEC, VPT, kBlockRowsThreads>,
@@ -1333,7 +1329,7 @@ cudaError_t launch_fwd_with(const NormFwdParams& p, cudaStream_t stream) {
   const int64_t chunks = (p.cols + VEC - 1) / VEC;
   if constexpr (kFwdClusterMinChunks > 0 && VEC * sizeof(T) == 16 && std::is_same_v<acc_t<T>, float>) {
     if (chunks > kFwdClusterMinChunks && chunks % kFwdClusterBlocks == 0 &&
-        chunks / kFwdClusterBlocks <= int64_t(kBlockRowsThreads) * 8 && device_limits().major >= 9)
+        chunks / kFwdClusterBlocks <= int64_t(kBlockRowsThreads) * kFwdOneRowChunks && device_limits().major >= 9)
       return launch_fwd_cluster<T, W, RMS, ADD, VEC, kFwdOneRowChunks>(p, chunks / kFwdClusterBlocks, stream);
   }
   FwdLaunch launch;
