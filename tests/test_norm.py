@@ -350,7 +350,7 @@ REGISTER_VARIANTS = [
     (4096, torch.bfloat16),  # fwd one-row, bwd LN staged rows, RMS register-sum rows
     (16384, torch.bfloat16),  # fwd one-row at its longest, bwd staged rows on clusters of 2
     (32768, torch.bfloat16),  # fwd prefetching 8 chunks, bwd staged rows on clusters of 4
-    (20000, torch.bfloat16),  # fwd prefetching 8 chunks, threads past the row's end (cluster rows: 2 x 1250 chunks)
+    (20000, torch.bfloat16),  # fwd prefetching 8 chunks, threads past the row's end
     (8200, torch.bfloat16),  # bwd shared-sum rows (8200 does not split into 2 slices of 16-byte chunks)
     (8192, torch.float32),  # fwd one-row (fp32 vectors of 4), bwd staged rows on clusters of 2
     (13, torch.float16),  # scalar: fwd warp 1, bwd warp rows

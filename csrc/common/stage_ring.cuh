@@ -115,30 +115,6 @@ template <typename V> struct ClusterExchange {
     cooperative_groups::this_cluster().sync();
 #endif
   }
-  // init() in halves, for blocks with work to do before their first exchange: arrive_init()
-  // initializes the mbarriers and arrives at the cluster barrier (relaxed: nothing else is
-  // published), wait_peers() waits for every block's arrival. Rows that call arrive_done() after
-  // their last exchange and wait_peers() before the next row's first (and before exiting) keep
-  // every block alive until the others have received its values.
-  __device__ void arrive_init() const {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (threadIdx.x == 0) {
-      for (int p = 0; p < 2; ++p) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(&bars[p])));
-      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    arrive_done();
-#endif
-  }
-  __device__ void arrive_done() const {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-#endif
-  }
-  __device__ void wait_peers() const {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
-#endif
-  }
   // Sends `value` (the same in every thread of the block) to every other block of the cluster and
   // waits for theirs: returns the row's inbox, block r's value at [r], the same in every block.
   // `phase` flips every second row. Only for clusters of more than one block.

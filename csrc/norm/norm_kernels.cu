@@ -56,23 +56,6 @@ constexpr int kFwdPrefetchChunks = 2;
 // paid once, no block launches per row) vs one block per row group. One block per row group won
 // by 2-9 points of copy at N = 512-16384 (launcher timing, H200, session 4).
 constexpr bool kFwdResidentGrid = false;
-// Cache hints of the register-row forward (16-byte rows): 0 none; 1 rows read and written with
-// ld/st.global.cs (evict first in L1 and L2); 2 rows read and written without allocating in L1 and
-// evict-first in L2, weight and bias read evict-last in L1 (kept there for the next rows).
-constexpr int kFwdCacheHints = 0;
-// Forward rows of more than kFwdClusterMinChunks chunks (0: none) are split over a cluster of
-// kFwdClusterBlocks blocks (sm_90, fp32 sums, 16-byte chunks, columns a multiple of the cluster's
-// chunks, slices of at most 512 threads x kFwdOneRowChunks): each block holds its slice in
-// registers as a one-row kernel, the blocks add their row sums through distributed shared memory. Smaller blocks than
-// one whole row a block: more of them resident per SM (N = 32768: 2 x 512 threads of ~64
-// registers instead of one 512-thread block of ~128).
-constexpr int kFwdClusterMinChunks = 0;
-constexpr int kFwdClusterBlocks = 2;
-// LayerNorm forward block rows: row statistics through shared memory once a row instead of twice
-// (mean, then the squared deviations from it): each warp's sum and squared deviations from the
-// warp's own mean, merged exactly over the warps (see block_ln_stats). One barrier a row instead
-// of four, one more subtraction an element (the output re-centres from the warp's mean).
-constexpr bool kLnFwdOneReduction = false;
 // Backward block rows up to this many chunks (LayerNorm / RMSNorm; at most 1024) run one chunk a
 // thread with the column sums in registers (no shared-memory traffic); longer ones the shared-sums
 // kernel (several chunks a thread, column sums in shared memory: more bytes in flight per SM).
@@ -119,8 +102,6 @@ constexpr int kStagedThreads = 512;
 static_assert(kLnBwdWarpRowsMaxChunks == 32 || kLnBwdWarpRowsMaxChunks == 64 || kLnBwdWarpRowsMaxChunks == 128);
 static_assert(kRmsBwdWarpRowsMaxChunks == 32 || kRmsBwdWarpRowsMaxChunks == 64 || kRmsBwdWarpRowsMaxChunks == 128);
 static_assert(kFwdOneRowChunks == 2 || kFwdOneRowChunks == 4 || kFwdOneRowChunks == 8);
-static_assert(kFwdCacheHints >= 0 && kFwdCacheHints <= 2);
-static_assert(kFwdClusterBlocks == 2 || kFwdClusterBlocks == 4 || kFwdClusterBlocks == 8);
 static_assert(kFwdPrefetchChunks == 2 || kFwdPrefetchChunks == 4 || kFwdPrefetchChunks == 8);
 static_assert(kLnBwdRegisterSumsMaxChunks <= 1024 && kRmsBwdRegisterSumsMaxChunks <= 1024);
 static_assert(kLnBwdRegisterSumsChunks == 1 || kLnBwdRegisterSumsChunks == 2);
@@ -134,9 +115,6 @@ constexpr int kMaxThreads = 1024;
 constexpr int kWarpRowsThreads = 128;  // one warp per row: 4 rows per block
 constexpr int kWarpRowsGroups = kWarpRowsThreads / 32;
 constexpr int kBlockRowsThreads = 512;  // register-row blocks: up to 128 registers a thread
-// The forward's hints (kFwdCacheHints) for the rows (x, residual, out, residual_out) and columns.
-constexpr Hint kFwdRowHint = kFwdCacheHints == 1 ? Hint::StreamCs : kFwdCacheHints == 2 ? Hint::StreamNoAllocate : Hint::None;
-constexpr Hint kFwdColumnHint = kFwdCacheHints == 2 ? Hint::Keep : Hint::None;
 
 template <typename T> struct Tag { using type = T; };
 
@@ -355,10 +333,7 @@ struct Chunks {
 
   __device__ __forceinline__ acc_t<T> get(int k, int j) const { return raw_element<T>(v[k].val, j); }
   __device__ __forceinline__ void set(int k, const AlignedVector<T, VEC>& values) { memcpy(&v[k], &values, sizeof(Chunk)); }
-  template <Hint H = Hint::None>
-  __device__ __forceinline__ static Chunk load(const T* ptr) {
-    return load_vector_hinted<H, Word, kWords>(reinterpret_cast<const Word*>(ptr));
-  }
+  __device__ __forceinline__ static Chunk load(const T* ptr) { return load_vector<Word, kWords>(reinterpret_cast<const Word*>(ptr)); }
 };
 
 template <typename T, int VEC, int VPT, typename A>
@@ -371,11 +346,11 @@ __device__ __forceinline__ void fill_chunks(A value, Chunks<T, VEC, VPT>& c) {
 }
 
 // One raw chunk of a column vector (weight, bias) at col, or `absent` when ptr is null.
-template <typename W, int VEC, Hint H = Hint::None>
+template <typename W, int VEC>
 __device__ __forceinline__ Chunks<W, VEC, 1> column_chunk(const void* ptr, int col, const Chunks<W, VEC, 1>& absent) {
   if (ptr == nullptr) return absent;
   Chunks<W, VEC, 1> c;
-  c.v[0] = c.template load<H>(static_cast<const W*>(ptr) + col);
+  c.v[0] = c.load(static_cast<const W*>(ptr) + col);
   return c;
 }
 
@@ -392,13 +367,13 @@ __device__ __forceinline__ P* row_start(P* base, int64_t offset) {
 }
 
 // This thread's chunks of the row at row_ptr; zeros for an invalid row and past the row's end.
-template <Hint H = Hint::None, typename T, int VEC, int VPT, bool WARP_ROWS>
+template <typename T, int VEC, int VPT, bool WARP_ROWS>
 __device__ __forceinline__ void load_chunks(const T* row_ptr, bool valid, const RowGroup<WARP_ROWS>& group, int cols,
                                             Chunks<T, VEC, VPT>& c) {
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
     const int col = (k * group.size + group.lane) * VEC;
-    c.v[k] = valid && col < cols ? c.template load<H>(row_ptr + col) : typename Chunks<T, VEC, VPT>::Chunk{};
+    c.v[k] = valid && col < cols ? c.load(row_ptr + col) : typename Chunks<T, VEC, VPT>::Chunk{};
   }
 }
 
@@ -441,109 +416,23 @@ struct RowWalk {
 };
 
 // The normalized input of one row (zeros unless valid): x, or x + residual rounded to T (ADD).
-// The group holds the `cols` columns from col_begin.
 template <bool ADD, typename T, int VEC, int VPT, bool WARP_ROWS>
-__device__ __forceinline__ void load_fwd_row(const NormFwdParams& p, int64_t row, int64_t col_begin, bool valid,
+__device__ __forceinline__ void load_fwd_row(const NormFwdParams& p, int64_t row, bool valid,
                                              const RowGroup<WARP_ROWS>& group, int cols, Chunks<T, VEC, VPT>& x,
                                              Chunks<T, VEC, VPT>& residual) {
-  load_chunks<kFwdRowHint>(row_start(static_cast<const T*>(p.x), row * p.x_row_stride + col_begin), valid, group, cols,
-                           x);
+  load_chunks(row_start(static_cast<const T*>(p.x), row * p.x_row_stride), valid, group, cols, x);
   if constexpr (ADD)
-    load_chunks<kFwdRowHint>(row_start(static_cast<const T*>(p.residual), row * p.residual_row_stride + col_begin),
-                             valid, group, cols, residual);
+    load_chunks(row_start(static_cast<const T*>(p.residual), row * p.residual_row_stride), valid, group, cols, residual);
 }
 
-// The part of a row a forward block holds: all of it, its row sums being the row's.
-struct WholeRows {
-  static constexpr int kBlocks = 1;
-  static constexpr int rank = 0;
-  template <typename A> __device__ __forceinline__ A total(A block_sum, bool /*first*/, bool /*last*/) { return block_sum; }
-  template <typename A> __device__ __forceinline__ void merge_stats(A&, A&, A, A, A) {}
-};
-
-// Rows split over a cluster of BLOCKS blocks, block `rank` holding slice `rank`: total() adds the
-// blocks' sums of the row (fp32) in rank order, the same bits in every block. Before a row's
-// first exchange a block waits at the cluster barrier for the other blocks' arrival after their
-// previous row's last exchange (or their mbarriers' initialization); the kernel waits once more
-// before exiting. A block's shared memory is then never written after it exits: every value sent
-// to it has arrived (its last exchange completed) once the others may run past it.
-template <int BLOCKS>
-struct ClusterRowSlice {
-  static constexpr int kBlocks = BLOCKS;
-  ClusterExchange<float2> exchange;
-  int rank;
-  int exchanges = 0;  // parity: exchanges % 2, phase: exchanges / 2 % 2
-  __device__ __forceinline__ const float2* send(float2 value, bool first, bool last) {
-    if (first) exchange.wait_peers();
-    const float2* values = exchange.exchange(value, exchanges & 1, static_cast<uint32_t>(exchanges >> 1) & 1u);
-    ++exchanges;
-    if (last) exchange.arrive_done();
-    return values;
-  }
-  __device__ __forceinline__ float total(float block_sum, bool first, bool last) {
-    const float2* sums = send(make_float2(block_sum, 0.f), first, last);
-    float row_sum = 0;
-#pragma unroll
-    for (int r = 0; r < BLOCKS; ++r) row_sum += sums[r].x;
-    return row_sum;
-  }
-  // The row's sum and squared deviations from its mean, from each block's sum and squared
-  // deviations from its slice's mean (block_count columns a slice): the same merge as the warps'.
-  __device__ __forceinline__ void merge_stats(float& sum, float& m2, float block_count, float inv_block_count,
-                                              float inv_cols) {
-    const float2* parts = send(make_float2(sum, m2), true, true);
-    sum = 0;
-#pragma unroll
-    for (int r = 0; r < BLOCKS; ++r) sum += parts[r].x;
-    const float mean = sum * inv_cols;
-    m2 = 0;
-#pragma unroll
-    for (int r = 0; r < BLOCKS; ++r) {
-      const float d = parts[r].x * inv_block_count - mean;
-      m2 += parts[r].y + block_count * d * d;
-    }
-  }
-};
-
-// Elements of a block row's `cols` columns (whole chunks of VEC) held by warp `warp`'s chunks.
-template <int VEC, int VPT>
-__device__ __forceinline__ int warp_elements(int warp, int group_size, int cols) {
-  const int chunks = cols / VEC;
-  int n = 0;
-#pragma unroll
-  for (int k = 0; k < VPT; ++k) n += min(max(chunks - (k * group_size + 32 * warp), 0), 32);
-  return n * VEC;
-}
-
-// LayerNorm statistics of a block's slice of a row, one pass through shared memory: from each
-// warp's sum, its squared deviations from its own mean `center` (warp_m2) and its element count
-// (lane w: warp w's, lane_count), the slice's sum and squared deviations from the slice's mean,
-//   M2 = sum over warps of (M2_w + n_w * (center_w - mean)^2),
-// a sum of nonnegative terms (no cancellation, unlike sum(x^2) - n * mean^2). Rows alternate
-// between two buffers (parity), so one barrier a row suffices. Same bits in every thread.
-template <typename A, int VEC, int VPT>
-__device__ __forceinline__ void block_ln_stats(A& sum, A& m2, A center, A lane_count, A inv_block_cols, int parity) {
-  __shared__ A stats[2][3][32];
-  const int warp_lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (warp_lane == 0) {
-    stats[parity][0][warp] = sum;
-    stats[parity][1][warp] = m2;
-    stats[parity][2][warp] = center;
-  }
-  __syncthreads();
-  const bool holds = warp_lane < static_cast<int>(blockDim.x / 32);
-  sum = warp_reduce(holds ? stats[parity][0][warp_lane] : A(0), SumOp{});
-  const A d = holds ? stats[parity][2][warp_lane] - sum * inv_block_cols : A(0);
-  m2 = warp_reduce(holds ? stats[parity][1][warp_lane] + lane_count * d * d : A(0), SumOp{});
-}
-
-// Forward, row held in registers (raw); blocks stride over rows. With PREFETCH the group's next
-// row is loaded before the current one is reduced (two raw copies of a row per thread); without it
-// each row is loaded when it starts. Weight and bias are read at the write, per row. Slice:
-// WholeRows, or ClusterRowSlice (one-row block rows only).
-template <typename T, typename W, bool RMS, bool ADD, bool WARP_ROWS, int VEC, int VPT, bool PREFETCH, class Slice>
-__device__ __forceinline__ void norm_fwd_rows(const NormFwdParams& p, Slice& slice, acc_t<T> (&scratch)[32]) {
-  static_assert(Slice::kBlocks == 1 || (!WARP_ROWS && !PREFETCH));
+// Forward, row held in registers (raw); blocks stride over rows. With PREFETCH the group's next row is loaded before the current one is reduced (two raw copies of a row
+// per thread); without it each row is loaded when it starts. Weight and bias are read at the
+// write, per row.
+// MAX_THREADS: the launch bound (registers per thread), without a minimum of blocks: ptxas picks
+// the occupancy.
+template <typename T, typename W, bool RMS, bool ADD, bool WARP_ROWS, int VEC, int VPT, bool PREFETCH,
+          int MAX_THREADS>
+__global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdParams p) {
   using A = acc_t<T>;
   using Row = Chunks<T, VEC, VPT>;
   // x - mean is computed once for every element (also past the row's end, so that the output can
@@ -551,39 +440,24 @@ __device__ __forceinline__ void norm_fwd_rows(const NormFwdParams& p, Slice& sli
   // raw rows of 64 elements a thread (prefetch), where it would spill: the output then unpacks
   // and subtracts again from the raw row.
   constexpr bool kRecenterEachPass = PREFETCH && VPT * VEC > 32;
+  __shared__ A scratch[32];
   const RowGroup<WARP_ROWS> group;
-  const int cols = static_cast<int>(p.cols) / Slice::kBlocks;  // this block's slice
-  const int col_begin = slice.rank * cols;
-  const A inv_cols = A(1) / A(cols * Slice::kBlocks);
-  // kOneReduction: the element counts of this thread's warp (its reciprocal) and of warp `lane`.
-  constexpr bool kOneReduction = kLnFwdOneReduction && !RMS && !WARP_ROWS;
-  A inv_warp_count = 0, lane_warp_count = 0, inv_block_cols = inv_cols;
-  int parity = 0;
-  if constexpr (kOneReduction) {
-    const int own = warp_elements<VEC, VPT>(threadIdx.x / 32, group.size, cols);
-    inv_warp_count = own > 0 ? A(1) / A(own) : A(0);
-    lane_warp_count = A(warp_elements<VEC, VPT>(threadIdx.x % 32, group.size, cols));
-    if constexpr (Slice::kBlocks > 1) inv_block_cols = A(1) / A(cols);
-  }
+  const int cols = static_cast<int>(p.cols);
+  const A inv_cols = A(1) / A(cols);
   Chunks<W, VEC, 1> ones, zeros;
   fill_chunks(A(1), ones);
   fill_chunks(A(0), zeros);
   RowWalk<WARP_ROWS> walk(group);
-  if constexpr (Slice::kBlocks > 1) {
-    walk.row = blockIdx.x / Slice::kBlocks;
-    walk.step = gridDim.x / Slice::kBlocks;
-  }
   Row next_x, next_residual;
-  if constexpr (PREFETCH)
-    load_fwd_row<ADD>(p, walk.row, col_begin, walk.row < p.rows, group, cols, next_x, next_residual);
+  if constexpr (PREFETCH) load_fwd_row<ADD>(p, walk.row, walk.row < p.rows, group, cols, next_x, next_residual);
   // Every thread of the block runs the same iterations (row-group reductions need them all).
   for (int64_t first = walk.row - group.index; first < p.rows; first += walk.step, walk.row += walk.step) {
     const int64_t row = walk.row;
     const bool valid = row < p.rows;
-    if constexpr (!PREFETCH) load_fwd_row<ADD>(p, row, col_begin, valid, group, cols, next_x, next_residual);
+    if constexpr (!PREFETCH) load_fwd_row<ADD>(p, row, valid, group, cols, next_x, next_residual);
     Row x = next_x;
     if constexpr (ADD) {
-      T* residual_out_row = row_start(static_cast<T*>(p.residual_out), row * p.cols + col_begin);
+      T* residual_out_row = row_start(static_cast<T*>(p.residual_out), row * p.cols);
 #pragma unroll
       for (int k = 0; k < VPT; ++k) {
         AlignedVector<T, VEC> rounded;
@@ -591,25 +465,17 @@ __device__ __forceinline__ void norm_fwd_rows(const NormFwdParams& p, Slice& sli
         for (int j = 0; j < VEC; ++j) rounded.val[j] = from_acc<T>(x.get(k, j) + next_residual.get(k, j));
         x.set(k, rounded);
         const int col = (k * group.size + group.lane) * VEC;
-        if (valid && col < cols) store_vector_hinted<kFwdRowHint, T, VEC>(residual_out_row + col, rounded);
+        if (valid && col < cols) store_vector<T, VEC>(residual_out_row + col, rounded);
       }
     }
     if constexpr (PREFETCH)
-      load_fwd_row<ADD>(p, row + walk.step, col_begin, row + walk.step < p.rows, group, cols, next_x, next_residual);
+      load_fwd_row<ADD>(p, row + walk.step, row + walk.step < p.rows, group, cols, next_x, next_residual);
     A sum = 0;
 #pragma unroll
     for (int k = 0; k < VPT; ++k)
 #pragma unroll
       for (int j = 0; j < VEC; ++j) sum += x.get(k, j);
-    // The squares are taken about `center`: the row's mean, or (kOneReduction) the warp's.
-    A mean, center;
-    if constexpr (kOneReduction) {
-      sum = warp_reduce(sum, SumOp{});
-      center = sum * inv_warp_count;
-    } else {
-      mean = RMS ? A(0) : slice.total(group.sum(sum, scratch), true, false) * inv_cols;
-      center = mean;
-    }
+    const A mean = RMS ? A(0) : group.sum(sum, scratch) * inv_cols;
     if constexpr (kRecenterEachPass) forget_values(x);
     A centered[VPT][VEC];
     A squares = 0;
@@ -617,77 +483,38 @@ __device__ __forceinline__ void norm_fwd_rows(const NormFwdParams& p, Slice& sli
     for (int k = 0; k < VPT; ++k) {
       if constexpr (!kRecenterEachPass) {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) centered[k][j] = x.get(k, j) - center;
+        for (int j = 0; j < VEC; ++j) centered[k][j] = x.get(k, j) - mean;
       }
       if ((k * group.size + group.lane) * VEC < cols) {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const A c = kRecenterEachPass ? x.get(k, j) - center : centered[k][j];
+          const A c = kRecenterEachPass ? x.get(k, j) - mean : centered[k][j];
           squares += c * c;
         }
       }
     }
-    A rstd, shift = 0;  // shift: mean - center, taken off the kept deviations at the output
-    if constexpr (kOneReduction) {
-      squares = warp_reduce(squares, SumOp{});
-      block_ln_stats<A, VEC, VPT>(sum, squares, center, lane_warp_count, inv_block_cols, parity);
-      parity ^= 1;
-      slice.merge_stats(sum, squares, A(cols), inv_block_cols, inv_cols);
-      mean = sum * inv_cols;
-      rstd = inv_sqrt(squares * inv_cols + A(p.eps));
-      shift = mean - center;
-    } else {
-      rstd = inv_sqrt(slice.total(group.sum(squares, scratch), RMS, true) * inv_cols + A(p.eps));
-    }
+    const A rstd = inv_sqrt(group.sum(squares, scratch) * inv_cols + A(p.eps));
     if (!valid) continue;
     if constexpr (kRecenterEachPass) forget_values(x);
-    if (group.lane == 0 && slice.rank == 0) store_stats(p, row, mean, rstd, RMS);
-    T* out_row = row_start(static_cast<T*>(p.out), row * p.cols + col_begin);
+    if (group.lane == 0) store_stats(p, row, mean, rstd, RMS);
+    T* out_row = row_start(static_cast<T*>(p.out), row * p.cols);
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
       const int col = (k * group.size + group.lane) * VEC;
       if (col >= cols) continue;
       // Raw (W-typed) weight and bias, read per row (L1 hits): held across rows or converted they
       // would cost registers (occupancy) in every kernel that is not already limited by them.
-      const auto w = column_chunk<W, VEC, kFwdColumnHint>(p.weight, col_begin + col, ones);
-      const auto b = column_chunk<W, VEC, kFwdColumnHint>(p.bias, col_begin + col, zeros);
+      const auto w = column_chunk<W, VEC>(p.weight, col, ones);
+      const auto b = column_chunk<W, VEC>(p.bias, col, zeros);
       AlignedVector<T, VEC> out;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        A c = kRecenterEachPass ? x.get(k, j) - mean : centered[k][j];
-        if constexpr (kOneReduction && !kRecenterEachPass) c -= shift;
+        const A c = kRecenterEachPass ? x.get(k, j) - mean : centered[k][j];
         out.val[j] = from_acc<T>(c * rstd * w.get(0, j) + b.get(0, j));
       }
-      store_vector_hinted<kFwdRowHint, T, VEC>(out_row + col, out);
+      store_vector<T, VEC>(out_row + col, out);
     }
   }
-}
-
-// MAX_THREADS: the launch bound (registers per thread), without a minimum of blocks: ptxas picks
-// the occupancy.
-template <typename T, typename W, bool RMS, bool ADD, bool WARP_ROWS, int VEC, int VPT, bool PREFETCH,
-          int MAX_THREADS>
-__global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdParams p) {
-  __shared__ acc_t<T> scratch[32];
-  WholeRows slice;
-  norm_fwd_rows<T, W, RMS, ADD, WARP_ROWS, VEC, VPT, PREFETCH>(p, slice, scratch);
-}
-
-// One-row forward, rows split over clusters of kFwdClusterBlocks blocks (see kFwdClusterMinChunks).
-// Two blocks a SM up to 4 chunks a thread (64 registers): left to itself ptxas takes ~100 for
-// LayerNorm, one block a SM; add_layer_norm then spills 32 bytes.
-template <typename T, typename W, bool RMS, bool ADD, int VEC, int VPT, int MAX_THREADS>
-__global__ void __launch_bounds__(MAX_THREADS, VPT <= 4 ? 2 : 1) norm_fwd_cluster_kernel(const NormFwdParams p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  __shared__ acc_t<T> scratch[32];
-  __shared__ float2 inbox[2][kMaxExchangeCluster];
-  __shared__ uint64_t exchange_bars[2];
-  const int rank = static_cast<int>(blockIdx.x) % kFwdClusterBlocks;
-  ClusterRowSlice<kFwdClusterBlocks> slice{{inbox, exchange_bars, kFwdClusterBlocks, rank}, rank};
-  slice.exchange.arrive_init();
-  norm_fwd_rows<T, W, RMS, ADD, false, VEC, VPT, false>(p, slice, scratch);
-  slice.exchange.wait_peers();
-#endif
 }
 
 // ---- backward ----------------------------------------------------------------------------------
@@ -1309,29 +1136,12 @@ FwdLaunch block_rows_launch(int64_t chunks) {
           threads_for((chunks + VPT - 1) / VPT), 1, kPrefetch || kFwdResidentGrid};
 }
 
-// One-row forward on rows split over clusters of kFwdClusterBlocks blocks, one cluster per row,
-// VPT chunks per thread.
-template <typename T, typename W, bool RMS, bool ADD, int VEC, int VPT>
-cudaError_t launch_fwd_cluster(const NormFwdParams& p, int64_t slice_chunks, cudaStream_t stream) {
-  // Rows past the grid are taken by the kernel's grid-stride loop.
-  const int64_t clusters = std::min<int64_t>(p.rows, (int64_t(1) << 30) / kFwdClusterBlocks);
-  return ClusterLaunch<FwdKernel>(norm_fwd_cluster_kernel<T, W, RMS, ADD, VEC, VPT, kBlockRowsThreads>,
-                                  kFwdClusterBlocks, threads_for((slice_chunks + VPT - 1) / VPT), 0, stream)
-      .launch(clusters, p);
-}
-
 // Register rows: a warp per row (4 rows per block) with 1 or 2 chunks per thread up to 64 chunks,
-// else a block per row (see the knobs), or a cluster per row (kFwdClusterMinChunks); past 8
-// chunks per thread of 512 threads rows stream.
+// else a block per row (see the knobs); past 8 chunks per thread of 512 threads rows stream.
 template <typename T, typename W, bool RMS, bool ADD, int VEC>
 cudaError_t launch_fwd_with(const NormFwdParams& p, cudaStream_t stream) {
   constexpr bool kWarpPrefetch = kFwdWarpRowsPrefetch;
   const int64_t chunks = (p.cols + VEC - 1) / VEC;
-  if constexpr (kFwdClusterMinChunks > 0 && VEC * sizeof(T) == 16 && std::is_same_v<acc_t<T>, float>) {
-    if (chunks > kFwdClusterMinChunks && chunks % kFwdClusterBlocks == 0 &&
-        chunks / kFwdClusterBlocks <= int64_t(kBlockRowsThreads) * kFwdOneRowChunks && device_limits().major >= 9)
-      return launch_fwd_cluster<T, W, RMS, ADD, VEC, kFwdOneRowChunks>(p, chunks / kFwdClusterBlocks, stream);
-  }
   FwdLaunch launch;
   if (chunks <= 32) {
     launch = {norm_fwd_kernel<T, W, RMS, ADD, true, VEC, 1, kWarpPrefetch, kWarpRowsThreads>, kWarpRowsThreads,
