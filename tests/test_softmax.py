@@ -245,13 +245,13 @@ def test_softmax_long_rows(shape, dtype, log):
 # rows, reusing each stage and alternating its two partial slots. A staged block's chunk is
 # 64 KB in the forward (8 vectors a thread: 32768 16-bit / 16384 fp32 elements) and 32 KB of each
 # tensor in the backward (4 vectors each: 16384 / 8192 elements), or 64 KB of each when 32 KB
-# would take more than 8 blocks; register rows reach 1024 threads (the 16-bit forward 32768, the
+# would take more than 16 blocks; register rows reach 1024 threads (the 16-bit forward 32768, the
 # fp32 forward and the 16-bit backward 16384; the fp32 backward stops at 512 threads, 8192). Row
 # lengths (forward / backward blocks, bf16 then fp32; "reg" for register rows): 8192 (one
 # 512-thread register block), 8200 (reg / reg, 1024 threads; reg / 2, the backward's second block
-# holding 8 elements), 20000 (reg / 2; 2 / 3), 32768 (reg / 2; 2 / 4), 40008 (2 / 3; 3 / 5: odd clusters, partial last chunks), 65536 (2 / 4; 4 / 8), 131072 (4 / 8; 8 / 8 with 64 KB), 131080 (5 / 5 with 64 KB; 9 / 9:
-# non-portable clusters), 262144 (8 / 8; 16 / 16), 262152 (9 / 9; streamed), 524288 (16 / 16;
-# streamed), 524296 (streamed).
+# holding 8 elements), 20000 (reg / 2; 2 / 3), 32768 (reg / 2; 2 / 4), 40008 (2 / 3; 3 / 5: odd clusters, partial last chunks), 65536 (2 / 4; 4 / 8), 131072 (4 / 8; 8 / 16), 131080 (5 / 9; 9 / 9 with 64 KB:
+# non-portable clusters), 262144 (8 / 16; 16 / 16 with 64 KB), 262152 (9 / 9 with 64 KB;
+# streamed), 524288 (16 / 16 with 64 KB; streamed), 524296 (streamed).
 MANY_ROW_SHAPES = [(70000, 256), (20000, 1024), (3000, 8192), (4000, 8200), (2000, 20000), (600, 32768), (400, 40008),
                    (300, 65536), (60, 131072), (40, 131080), (30, 262144), (12, 262152), (6, 524288),
                    (4, 524296)]
@@ -295,8 +295,7 @@ def test_softmax_float64(log):
 @pytest.mark.sanitizer
 # (6000, 128): many blocks of row groups; (5, 1000): groups reaching past the row's end;
 # staged rows: (2, 20000) (fp16 forward in registers, backward 2 blocks; fp32 2 / 3), (1, 70000)
-# (3 / 5; 5 / 5 with 64 KB chunks), (2, 140000) (5 / 5 with 64 KB; 9 / 9, non-portable
-# clusters); (800, 20000) (staged: fp16 backward, fp32 both) and (1600, 8200) (fp32 backward):
+# (3 / 5; 5 / 9), (2, 140000) (5 / 9; 9 / 9 with 64 KB chunks, non-portable clusters); (800, 20000) (staged: fp16 backward, fp32 both) and (1600, 8200) (fp32 backward):
 # more rows than the persistent grid of clusters holds, so clusters loop, each stage refilled and
 # reused under its next phase, each inbox of the cluster exchange reused; the same two shapes run
 # the persistent 1024-thread register rows (fp16 forward 20000, fp16 backward and fp32 forward
