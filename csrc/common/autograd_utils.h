@@ -6,7 +6,10 @@
 #include <torch/csrc/autograd/functions/basic_ops.h>
 #include <torch/csrc/autograd/functions/utils.h>
 
+#include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 namespace fusedops {
 
@@ -41,6 +44,18 @@ inline bool needs_grad(AutogradContext* ctx, const at::Tensor& input, size_t edg
   return input.defined() && ctx->needs_input_grad(edge);
 }
 
+// A new autograd node of type NodeT. Nodes are held by std::shared_ptr up to some torch 2.1x and
+// by c10::intrusive_ptr after it: the pointer type Tensor::grad_fn() returns says which.
+template <class NodeT, class... Args>
+auto make_node(Args&&... args) {
+  using NodePtr = std::decay_t<decltype(std::declval<const at::Tensor&>().grad_fn())>;
+  if constexpr (std::is_same_v<NodePtr, std::shared_ptr<torch::autograd::Node>>) {
+    return std::make_shared<NodeT>(std::forward<Args>(args)...);
+  } else {
+    return c10::make_intrusive<NodeT>(std::forward<Args>(args)...);
+  }
+}
+
 // Runs a Function's backward `fn`, whose ops have no derivative, without recording a graph. With
 // create_graph, the gradients hang off a node that raises once a second backward reaches it
 // (through them to `inputs`: the incoming gradients and saved tensors they were computed from),
@@ -54,7 +69,7 @@ variable_list once_differentiable(const char* name, const variable_list& inputs,
     grads = fn();
   }
   if (!create_graph || !torch::autograd::compute_requires_grad(inputs)) return grads;
-  const auto error = c10::make_intrusive<torch::autograd::Error>(
+  const auto error = make_node<torch::autograd::Error>(
       std::string("fusedops: ") + name + " has no double backward (its gradient was differentiated again)",
       torch::autograd::collect_next_edges(inputs));
   for (at::Tensor& grad : grads) {
