@@ -5,21 +5,16 @@ with the input's), forward falls back to PyTorch's own implementation."""
 import torch
 
 from .ops import _checks
-from .ops.norm import layer_norm, rms_norm
+from .ops.norm import affine_dtype_supported, layer_norm, rms_norm
 
 
 def _fusable(input, *params):
     if input.dtype not in _checks.FLOAT_DTYPES:
         return False
-    for param in params:
-        if param is None:
-            continue
-        if param.device != input.device:
-            return False
-        mixed = param.dtype == torch.float32 and input.dtype in (torch.float16, torch.bfloat16)
-        if param.dtype != input.dtype and not mixed:
-            return False
-    return True
+    return all(
+        param is None or (param.device == input.device and affine_dtype_supported(param.dtype, input.dtype))
+        for param in params
+    )
 
 
 class LayerNorm(torch.nn.LayerNorm):

@@ -100,13 +100,19 @@ def _normalized_shape(normalized_shape, input):
     return shape
 
 
+def affine_dtype_supported(param_dtype, input_dtype):
+    """A weight / bias dtype the kernels take with this input dtype: the input's, or fp32 with
+    fp16/bf16 input (mixed precision)."""
+    return param_dtype == input_dtype or (param_dtype == torch.float32 and input_dtype in _LOW_PRECISION)
+
+
 def _check_affine(param, name, input, shape):
     """weight / bias: normalized_shape, on input's device, input's dtype or fp32 with fp16/bf16 input."""
     _checks.check_input(param, name)
     if param.device != input.device:
         raise ValueError(f"fusedops: {name} is on {param.device} but input is on {input.device}")
     dtype = param.dtype
-    if dtype != input.dtype and not (dtype == torch.float32 and input.dtype in _LOW_PRECISION):
+    if not affine_dtype_supported(dtype, input.dtype):
         raise TypeError(
             f"fusedops: {name} has dtype {dtype} but must have input's dtype {input.dtype} "
             "(or float32 with float16/bfloat16 input)"
