@@ -34,6 +34,16 @@ def assert_close_to_reference(out, ref64, torch_out, factor=2.0, atol=1e-6, name
     assert ours <= factor * theirs + atol, f"{name}: max error {ours:.3e} > {factor} x torch's {theirs:.3e} + {atol}"
 
 
+def assert_double_backward_raises(fn, x, name=""):
+    """create_graph=True gives fn's first-order gradient; differentiating it again raises
+    "<name> has no double backward" (fusedops' backward kernels have no derivative)."""
+    (dx,) = torch.autograd.grad(fn(x).pow(2).sum(), x, create_graph=True)
+    (expected,) = torch.autograd.grad(fn(x).pow(2).sum(), x)
+    torch.testing.assert_close(dx, expected)
+    with pytest.raises(RuntimeError, match=f"{name} has no double backward" if name else "no double backward"):
+        torch.autograd.grad(dx.pow(2).sum(), x)
+
+
 @pytest.fixture(autouse=True)
 def _fresh_seed(request):
     """Different random inputs in every test, reproducible from the test's id."""

@@ -5,7 +5,7 @@ from torch.library import opcheck
 
 import fusedops
 from fusedops import reference
-from conftest import assert_close_to_reference
+from conftest import assert_close_to_reference, assert_double_backward_raises
 
 ops = torch.ops.fusedops
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -93,13 +93,7 @@ def test_cpu_gradients_match_autograd():
 
 @pytest.mark.parametrize("fn", [fusedops.softmax, fusedops.log_softmax, fusedops.masked_softmax])
 def test_cpu_double_backward_raises_clearly(fn):
-    """create_graph=True gives the first-order gradient; differentiating it again raises."""
-    x = torch.randn(3, 8, dtype=torch.float64, requires_grad=True)
-    (dx,) = torch.autograd.grad(fn(x).pow(2).sum(), x, create_graph=True)
-    (expected,) = torch.autograd.grad(fn(x).pow(2).sum(), x)
-    torch.testing.assert_close(dx, expected)
-    with pytest.raises(RuntimeError, match="no double backward"):
-        torch.autograd.grad(dx.pow(2).sum(), x)
+    assert_double_backward_raises(fn, torch.randn(3, 8, dtype=torch.float64, requires_grad=True))
 
 
 def test_cpu_additive_mask_gets_no_gradient():
