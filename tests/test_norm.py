@@ -332,19 +332,20 @@ def test_gpu_benchmark_shapes(kind, n):
 
 # (hidden, dtype) pairs that select every row variant of both directions at the default knobs of
 # norm_kernels.cu, vectorized (16-byte chunks) and scalar (odd hidden): forward warp rows with 1
-# and 2 chunks per thread, one-row block kernels (4 chunks per thread) and prefetching block
-# kernels (8 chunks per thread); backward warp rows, block rows with the column sums in registers,
-# staged rows (sm_90: one block a row, LayerNorm only, or a cluster of blocks a row), and block
-# rows with the column sums in shared memory. Other knob settings move the boundaries between
-# these sizes, which span every path's range.
+# and 2 chunks per thread, one-row block kernels (4 chunks per thread; RMSNorm 8 up to 4096
+# chunks) and prefetching block kernels (8 chunks per thread); backward warp rows, block rows
+# with the column sums in registers, staged rows (sm_90: one block a row, LayerNorm only, or a
+# cluster of blocks a row), and block rows with the column sums in shared memory. Other knob
+# settings move the boundaries between these sizes, which span every path's range.
 REGISTER_VARIANTS = [
     (256, torch.bfloat16),  # fwd warp 1 chunk, bwd warp rows
     (512, torch.bfloat16),  # fwd warp 2 chunks, bwd LN warp rows of 2 chunks, RMS register-sum rows
     (1024, torch.bfloat16),  # fwd one-row, bwd LN warp rows of 4 chunks
     (4096, torch.bfloat16),  # fwd one-row, bwd LN staged rows, RMS register-sum rows
-    (16384, torch.bfloat16),  # fwd one-row at its longest, bwd staged rows on clusters of 2
-    (32768, torch.bfloat16),  # fwd prefetching 8 chunks, bwd staged rows on clusters of 4
-    (20000, torch.bfloat16),  # fwd prefetching 8 chunks, threads past the row's end
+    (16384, torch.bfloat16),  # fwd one-row (LayerNorm at its longest), bwd staged rows on clusters of 2
+    (32768, torch.bfloat16),  # fwd LN prefetching 8 chunks, RMS one-row 8; bwd staged rows on clusters of 4
+    (20000, torch.bfloat16),  # fwd LN prefetching 8 chunks, RMS one-row 8, threads past the row's end
+    (16384, torch.float32),  # fwd LN prefetching 8 chunks (fp32 vectors of 4), RMS one-row 8
     (8200, torch.bfloat16),  # bwd shared-sum rows (8200 does not split into 2 slices of 16-byte chunks)
     (8192, torch.float32),  # fwd one-row (fp32 vectors of 4), bwd staged rows on clusters of 2
     (13, torch.float16),  # scalar: fwd warp 1, bwd warp rows

@@ -45,9 +45,12 @@ constexpr bool kFwdWarpRowsPrefetch = false;
 // warp rows, N = 1024, lost 0.8 points.)
 constexpr int kLnBwdWarpRowsMaxChunks = 128;
 constexpr int kRmsBwdWarpRowsMaxChunks = 32;
-// Forward block rows up to this many chunks run one-row kernels, longer ones prefetch (0: all
-// prefetch).
-constexpr int kFwdOneRowMaxChunks = 2048;
+// Forward block rows up to this many chunks (LayerNorm / RMSNorm) run one-row kernels, longer ones
+// prefetch (0: all prefetch). Launcher timing, H200, session 7, N = 32768 bf16 (4096 chunks): the
+// RMSNorm one-row kernel (8 chunks a thread, 64 registers, two blocks an SM) took 86.0% of copy
+// against 81.2-82.2 prefetching; LayerNorm's (128 registers: x - mean kept in fp32) lost 5 points.
+constexpr int kLnFwdOneRowMaxChunks = 2048;
+constexpr int kRmsFwdOneRowMaxChunks = 4096;
 // Forward block rows, chunks per thread (2, 4 or 8; doubled up to 8 while the row needs more than
 // 512 threads) of each kind: more bytes in flight a thread vs more threads a row.
 constexpr int kFwdOneRowChunks = 4;
@@ -1141,6 +1144,7 @@ FwdLaunch block_rows_launch(int64_t chunks) {
 template <typename T, typename W, bool RMS, bool ADD, int VEC>
 cudaError_t launch_fwd_with(const NormFwdParams& p, cudaStream_t stream) {
   constexpr bool kWarpPrefetch = kFwdWarpRowsPrefetch;
+  constexpr int kOneRowMaxChunks = RMS ? kRmsFwdOneRowMaxChunks : kLnFwdOneRowMaxChunks;
   const int64_t chunks = (p.cols + VEC - 1) / VEC;
   FwdLaunch launch;
   if (chunks <= 32) {
@@ -1149,8 +1153,8 @@ cudaError_t launch_fwd_with(const NormFwdParams& p, cudaStream_t stream) {
   } else if (chunks <= 64) {
     launch = {norm_fwd_kernel<T, W, RMS, ADD, true, VEC, 2, kWarpPrefetch, kWarpRowsThreads>, kWarpRowsThreads,
               kWarpRowsGroups, kWarpPrefetch || kFwdResidentGrid};
-  } else if (chunks <= kFwdOneRowMaxChunks) {
-    launch = block_rows_launch<T, W, RMS, ADD, VEC, kFwdOneRowChunks, false, kFwdOneRowMaxChunks>(chunks);
+  } else if (chunks <= kOneRowMaxChunks) {
+    launch = block_rows_launch<T, W, RMS, ADD, VEC, kFwdOneRowChunks, false, kOneRowMaxChunks>(chunks);
   } else {
     launch = block_rows_launch<T, W, RMS, ADD, VEC, kFwdPrefetchChunks, true, int64_t(kBlockRowsThreads) * 8>(chunks);
   }

@@ -1,0 +1,75 @@
+// Launcher timing of the norm kernels (bench/launcher/timing.cuh): bf16 input and weight, 2^26
+// elements, the bars' N; bytes counted as bench/norm.py counts them.
+#include "../../csrc/norm/norm_kernels.cu"
+#include "timing.cuh"
+
+namespace {
+
+using fusedops::DType;
+using T = __nv_bfloat16;
+constexpr int64_t kElements = int64_t(1) << 26;
+constexpr double kElemBytes = sizeof(T);
+
+double norm_bytes(bool layer, bool add, bool backward, int64_t rows, int64_t n) {
+  const double row_tensors = add ? 4 : (backward ? 3 : 2);
+  const double params = (layer ? 2 : 1) * n * kElemBytes;
+  const double stats = (layer ? 2 : 1) * rows * 4.0;
+  return row_tensors * rows * n * kElemBytes + params * (backward ? 2 : 1) + stats;
+}
+
+void time_shape(int64_t n, double copy) {
+  const int64_t rows = kElements / n;
+  const size_t size = static_cast<size_t>(kElements);
+  T* x = timing::random_buffer<T>(size, 1, 2.0f, 0.5f);
+  T* residual = timing::random_buffer<T>(size, 2);
+  T* dy = timing::random_buffer<T>(size, 3);
+  T* dresidual_out = timing::random_buffer<T>(size, 4);
+  T* weight = timing::random_buffer<T>(n, 5, 0.5f, 1.0f);
+  T* bias = timing::random_buffer<T>(n, 6);
+  T* out = timing::empty_buffer<T>(size);
+  T* residual_out = timing::empty_buffer<T>(size);
+  T* dx = timing::empty_buffer<T>(size);
+  T* dweight = timing::empty_buffer<T>(n);
+  T* dbias = timing::empty_buffer<T>(n);
+  float* mean = timing::empty_buffer<float>(rows);
+  float* rstd = timing::empty_buffer<float>(rows);
+  for (const bool add : {false, true}) {
+    for (const bool layer : {true, false}) {
+      fusedops::NormFwdParams f{x, add ? residual : nullptr, weight, layer ? bias : nullptr, out,
+                                add ? residual_out : nullptr, layer ? mean : nullptr, rstd, rows, n, n, n, 1e-5};
+      auto forward = [&] {
+        return layer ? fusedops::launch_layer_norm_fwd(f, DType::BFloat16, DType::BFloat16, nullptr)
+                     : fusedops::launch_rms_norm_fwd(f, DType::BFloat16, DType::BFloat16, nullptr);
+      };
+      const char* prefix = add ? (layer ? "add_ln" : "add_rms") : (layer ? "ln" : "rms");
+      char name[32];
+      std::snprintf(name, sizeof(name), "%s_fwd", prefix);
+      timing::report(name, n, norm_bytes(layer, add, false, rows, n), timing::median_ms(forward), copy);
+      fusedops::NormBwdParams b{dy, add ? dresidual_out : nullptr, add ? residual_out : x, layer ? mean : nullptr,
+                                rstd, weight, dx, dweight, layer ? dbias : nullptr, nullptr, nullptr, rows, n, n, n, n};
+      const int64_t blocks = fusedops::norm_bwd_blocks(b, DType::BFloat16, DType::BFloat16, !layer);
+      b.weight_partial = timing::empty_buffer<float>(blocks * n);
+      b.bias_partial = layer ? timing::empty_buffer<float>(blocks * n) : nullptr;
+      auto backward = [&] {
+        return layer ? fusedops::launch_layer_norm_bwd(b, DType::BFloat16, DType::BFloat16, nullptr)
+                     : fusedops::launch_rms_norm_bwd(b, DType::BFloat16, DType::BFloat16, nullptr);
+      };
+      std::snprintf(name, sizeof(name), "%s_bwd", prefix);
+      timing::report(name, n, norm_bytes(layer, add, true, rows, n), timing::median_ms(backward), copy);
+      cudaFree(b.weight_partial);
+      cudaFree(b.bias_partial);
+    }
+  }
+  for (void* ptr : std::initializer_list<void*>{x, residual, dy, dresidual_out, weight, bias, out, residual_out, dx,
+                                                dweight, dbias, mean, rstd})
+    cudaFree(ptr);
+}
+
+}  // namespace
+
+int main() {
+  const double copy = timing::copy_gbs();
+  std::printf("copy %.1f GB/s\n", copy);
+  for (const int64_t n : {512, 1024, 2048, 4096, 8192, 16384, 32768}) time_shape(n, copy);
+  return 0;
+}

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Times variants of a kernel file side by side in one run (launcher timing, no torch).
+#
+#   bench/launcher/variants.sh VARIANTS [OUTDIR]
+#
+# VARIANTS: lines `name|family|sed script` (family: norm or softmax); the script is applied to a
+# copy of csrc/<family>/<family>_kernels.cu (empty: the file as it is; list it twice to see the
+# noise). Every variant's bench/launcher/<family>_timing.cu is built in parallel (a script that
+# changes nothing, or a failed build, drops the variant), then run in the listed order. Writes
+# <family>.txt (every run) and <family>_table.md (% of copy, one column per variant) to OUTDIR
+# (default $OUT, else ./variants_logs).
+set -uo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+list="$1"
+out="${2:-${OUT:-$PWD/variants_logs}}"
+mkdir -p "$out"
+work="$(mktemp -d)"
+arch="${TIMING_ARCH:-sm_90a}"
+
+build() {  # name family script
+  local dir="$work/$1" file="csrc/$2/$2_kernels.cu"
+  mkdir -p "$dir/bench"
+  cp -r "$root/csrc" "$dir/" && cp -r "$root/bench/launcher" "$dir/bench/"
+  if [[ -n $3 ]]; then
+    sed -i -e "$3" "$dir/$file"
+    if cmp -s "$root/$file" "$dir/$file"; then echo "$1: the script changes nothing" >"$dir/build.log"; return 1; fi
+  fi
+  nvcc -O3 --expt-relaxed-constexpr -std=c++17 -arch="$arch" -Xptxas -v "$dir/bench/launcher/$2_timing.cu" \
+    -o "$dir/timing" >"$dir/build.log" 2>&1
+}
+
+names=() families=()
+while IFS='|' read -r name family script; do
+  [[ -z $name || $name == \#* ]] && continue
+  names+=("$name") families+=("$family")
+  build "$name" "$family" "$script" &
+done <"$list"
+wait
+
+for i in "${!names[@]}"; do
+  name="${names[$i]}" family="${families[$i]}"
+  if [[ ! -x $work/$name/timing ]]; then
+    echo "== $name: not built"; tail -5 "$work/$name/build.log"; continue
+  fi
+  echo "== $family $name" | tee -a "$out/$family.txt"
+  "$work/$name/timing" 2>&1 | tee -a "$out/$family.txt"
+done
+(cd "$work" && tar czf "$out/builds.tar.gz" */build.log)
+
+python3 - "$out" <<'PY'
+import collections, os, re, sys
+out = sys.argv[1]
+for family in ("norm", "softmax"):
+    path = os.path.join(out, f"{family}.txt")
+    if not os.path.exists(path):
+        continue
+    table, variants, variant = collections.OrderedDict(), [], None
+    for line in open(path):
+        if line.startswith("== "):
+            variant = line.split()[2]
+            variants.append(variant)
+        m = re.match(r"(\S+)\s+N=(\d+)\s+[\d.]+ GB/s\s+([\d.]+)%", line)
+        if m and variant:
+            table.setdefault((m.group(1), int(m.group(2))), {})[variant] = m.group(3)
+    with open(os.path.join(out, f"{family}_table.md"), "w") as f:
+        f.write("| case | N | " + " | ".join(variants) + " |\n|---|---|" + "---|" * len(variants) + "\n")
+        for (case, n), row in table.items():
+            f.write(f"| {case} | {n} | " + " | ".join(row.get(v, "") for v in variants) + " |\n")
+    print(open(os.path.join(out, f"{family}_table.md")).read())
+PY
