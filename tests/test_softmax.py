@@ -15,9 +15,9 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # vectors load nothing), 16384 (register rows: 512 threads of 32 elements in the 16-bit forward,
 # 1024 threads of 16 in the fp32 forward and the 16-bit backward; the fp32 backward's are staged),
 # 32768 (16-bit forward: 1024-thread register rows), 32768 and 65536 (staged rows: clusters of
-# 2-8 blocks of 512 threads, fewer rows than clusters); plus a row count past 65535 (1-D grid over
-# rows). LONG_SHAPES: 262144 (staged: 8 blocks for 16-bit rows, 16 for fp32), 1048576 (streamed,
-# two passes).
+# 2-8 blocks, fewer rows than clusters); plus a row count past 65535 (1-D grid over rows).
+# LONG_SHAPES: 262144 (staged: 16 blocks, of 256 threads in the 16-bit forward, 512 elsewhere),
+# 1048576 (streamed, two passes).
 SHAPES = [(1,), (3, 7), (6, 41), (5, 1023), (4, 4097), (70000, 8), (3, 5, 128), (33, 1024), (2, 3, 4096),
           (700, 200), (9, 1000), (7, 16384), (3, 32768), (2, 65536)]
 LONG_SHAPES = [(2, 262144), (1, 1048576)]
@@ -236,16 +236,17 @@ def test_softmax_long_rows(shape, dtype, log):
 # Many rows per launch. Register rows take a block per row group (many blocks, the last one
 # partly past the end); staged rows run on a persistent grid (one resident wave of clusters)
 # that loops over rows through a ring of shared-memory stages, so every cluster handles many
-# rows, reusing each stage and alternating its two partial slots. A staged block's chunk is
-# 64 KB in the forward (8 vectors a thread: 32768 16-bit / 16384 fp32 elements) and 32 KB of each
-# tensor in the backward (4 vectors each: 16384 / 8192 elements), or 64 KB of each when 32 KB
-# would take more than 16 blocks; register rows reach 1024 threads (the 16-bit forward 32768, the
-# fp32 forward and the 16-bit backward 16384; the fp32 backward stops at 512 threads, 8192). Row
-# lengths (forward / backward blocks, bf16 then fp32; "reg" for register rows): 8192 (one
-# 512-thread register block), 8200 (reg / reg, 1024 threads; reg / 2, the backward's second block
-# holding 8 elements), 20000 (reg / 2; 2 / 3), 32768 (reg / 2; 2 / 4), 40008 (2 / 3; 3 / 5: odd clusters, partial last chunks), 65536 (2 / 4; 4 / 8), 131072 (4 / 8; 8 / 16), 131080 (5 / 9; 9 / 9 with 64 KB:
-# non-portable clusters), 262144 (8 / 16; 16 / 16 with 64 KB), 262152 (9 / 9 with 64 KB;
-# streamed), 524288 (16 / 16 with 64 KB; streamed), 524296 (streamed).
+# rows, reusing each stage and alternating its two partial slots. A staged block's chunk is 32
+# KB of each tensor (forward blocks of 256 threads of 8 vectors, two an SM: 16384 16-bit / 8192
+# fp32 elements; backward blocks of 512 threads of 4 vectors each), or 64 KB in 512-thread blocks
+# when 32 KB would take more than 16 blocks; register rows reach 1024 threads (the 16-bit forward
+# 32768, the fp32 forward and the 16-bit backward 16384; the fp32 backward stops at 512 threads,
+# 8192). Row lengths (forward / backward blocks, bf16 then fp32; "reg" for register rows): 8192
+# (one 512-thread register block), 8200 (reg / reg, 1024 threads; reg / 2, the backward's second
+# block holding 8 elements), 20000 (reg / 2; 3 / 3), 32768 (reg / 2; 4 / 4), 40008 (3 / 3; 5 / 5:
+# odd clusters, partial last chunks), 65536 (4 / 4; 8 / 8), 131072 (8 / 8; 16 / 16), 131080 (9 /
+# 9; 9 / 9, all with 64 KB: non-portable clusters), 262144 (16 / 16; 16 / 16 with 64 KB), 262152
+# (9 / 9 with 64 KB; streamed), 524288 (16 / 16 with 64 KB; streamed), 524296 (streamed).
 MANY_ROW_SHAPES = [(70000, 256), (20000, 1024), (3000, 8192), (4000, 8200), (2000, 20000), (600, 32768), (400, 40008),
                    (300, 65536), (60, 131072), (40, 131080), (30, 262144), (12, 262152), (6, 524288),
                    (4, 524296)]
@@ -288,8 +289,9 @@ def test_softmax_float64(log):
 @pytest.mark.gpu
 @pytest.mark.sanitizer
 # (6000, 128): many blocks of row groups; (5, 1000): groups reaching past the row's end;
-# staged rows: (2, 20000) (fp16 forward in registers, backward 2 blocks; fp32 2 / 3), (1, 70000)
-# (3 / 5; 5 / 9), (2, 140000) (5 / 9; 9 / 9 with 64 KB chunks, non-portable clusters); (800, 20000) (staged: fp16 backward, fp32 both) and (1600, 8200) (fp32 backward):
+# staged rows (forward / backward blocks, fp16 then fp32): (2, 20000) (fp16 forward in registers,
+# backward 2 blocks; fp32 3 / 3), (1, 70000) (5 / 5; 9 / 9), (2, 140000) (9 / 9; 9 / 9 with 64
+# KB chunks, non-portable clusters); (800, 20000) (staged: fp16 backward, fp32 both) and (1600, 8200) (fp32 backward):
 # more rows than the persistent grid of clusters holds, so clusters loop, each stage refilled and
 # reused under its next phase, each inbox of the cluster exchange reused; the same two shapes run
 # the persistent 1024-thread register rows (fp16 forward 20000, fp16 backward and fp32 forward

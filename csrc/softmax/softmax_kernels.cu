@@ -1104,7 +1104,8 @@ __global__ void __launch_bounds__(block_threads(G)) streamed_backward_kernel(Bac
 // ---- staged rows (sm_90) ----------------------------------------------------------------------
 
 // Long unmasked rows on sm_90: a cluster of `cluster` blocks of kStagedThreads threads per row,
-// one block per SM, each block owning one chunk of the row (kStagedThreads * VECS vectors per
+// one block per SM (the forward's narrow chunks: kStagedForwardThreads, two blocks an SM), each
+// block owning one chunk of the row (kStagedThreads * VECS vectors per
 // tensor; 512 threads of 8 vectors issue fewer instructions a byte than 1024 of 4, the
 // reductions being per thread). A ring of shared-memory stages holds the block's chunks of the
 // next rows, filled by sm_90 bulk copies (one instruction per chunk and tensor, issued by one
@@ -1115,7 +1116,13 @@ __global__ void __launch_bounds__(block_threads(G)) streamed_backward_kernel(Bac
 constexpr int kStagedThreads = 512;
 constexpr int kWideChunkBytes = 64 * 1024;    // a block's chunk of a row (per tensor)
 constexpr int kNarrowChunkBytes = 32 * 1024;  // the backward's while a cluster of 16 holds the row
-constexpr int kStagedRingBytes = 192 * 1024;  // shared memory of the stage ring (one block per SM)
+constexpr int kStagedRingBytes = 192 * 1024;  // shared memory of the stage rings of an SM
+// The forward's blocks while a cluster of 16 holds the row in narrow chunks: kStagedThreads /
+// kStagedForwardThreads blocks an SM (each with its share of kStagedRingBytes), so that one
+// block's row reduction and cluster exchange overlap another's loads and stores (ncu, session 6:
+// with one 512-thread block an SM, no warp was eligible 48% of the time at bf16 N = 65536).
+constexpr int kStagedForwardThreads = 256;
+constexpr bool kNarrowStagedForward = true;  // false: the forward holds wide chunks only
 constexpr int kMaxStages = 16;
 constexpr int kStagedMaxCluster = kMaxExchangeCluster;
 // 16-bit rows take the thread's max logit over the raw packed pairs (one __hmax2 per two
@@ -1135,8 +1142,8 @@ struct StagedShape {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 // Where a block of a staged cluster works: its rank, its chunk of the row (first column and
 // length in elements, at least one element: the cluster is sized to the row), and its rows.
-template <typename T, int VECS> struct StagedSlice {
-  static constexpr int kChunk = kStagedThreads * VECS * kVec16<T>;  // elements per tensor
+template <typename T, int VECS, int THREADS> struct StagedSlice {
+  static constexpr int kChunk = THREADS * VECS * kVec16<T>;  // elements per tensor
   int cluster, rank, begin, len;
   int64_t first, step;
   __device__ StagedSlice(int64_t cols, int cluster_size) {
@@ -1148,7 +1155,7 @@ template <typename T, int VECS> struct StagedSlice {
     step = gridDim.x / cluster;
   }
   // Column (in the chunk) of the thread's vector i; live when inside the chunk.
-  __device__ __forceinline__ int column(int i) const { return (i * kStagedThreads + static_cast<int>(threadIdx.x)) * kVec16<T>; }
+  __device__ __forceinline__ int column(int i) const { return (i * THREADS + static_cast<int>(threadIdx.x)) * kVec16<T>; }
 };
 
 using PackedWords = AlignedVector<uint32_t, 4>;  // a 16-byte vector of 16-bit pairs
@@ -1157,8 +1164,8 @@ using PackedWords = AlignedVector<uint32_t, 4>;  // a 16-byte vector of 16-bit p
 // if none), two raw elements an instruction. Exact for a finite nonzero scale: mul_rn(., scale)
 // is monotone (decreasing if scale < 0) and NaN only at NaN, which __hmax2/__hmin2 skip as fmaxf
 // does, so it is mul_rn(max x, scale) (min x). The element-wise fold may differ in a zero's sign.
-template <typename T, int VECS>
-__device__ __forceinline__ float packed_max_logit(const StagedSlice<T, VECS>& slice, const PackedWords (&words)[VECS],
+template <typename T, int VECS, int THREADS>
+__device__ __forceinline__ float packed_max_logit(const StagedSlice<T, VECS, THREADS>& slice, const PackedWords (&words)[VECS],
                                                   float scale) {
   using T2 = std::conditional_t<std::is_same<T, __half>::value, __half2, __nv_bfloat162>;
   constexpr int kPairs = 4;
@@ -1203,19 +1210,18 @@ template <typename T, int VEC> __device__ __forceinline__ void opaque(AlignedVec
 // once every thread has passed the barrier (the stage it read is free). Two scratch buffers
 // alternate between rows, so no second barrier is needed: buffer p is rewritten two rows later,
 // after the next row's barrier, which every thread passes only once it has read it.
-template <typename V, class Op, class AfterSync>
-__device__ __forceinline__ V staged_block_reduce(V value, Op op, V (&scratch)[2][kStagedThreads / 32], int parity,
+template <int WARPS, typename V, class Op, class AfterSync>
+__device__ __forceinline__ V staged_block_reduce(V value, Op op, V (&scratch)[2][WARPS], int parity,
                                                  AfterSync after_sync) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   value = warp_all_reduce<32>(value, op);
   if (lane == 0) scratch[parity][warp] = value;
   __syncthreads();
   after_sync();
-  // Every group of kWarps lanes reduces all the partials, in the same order: every lane of every
+  // Every group of WARPS lanes reduces all the partials, in the same order: every lane of every
   // warp ends with the same bits.
-  constexpr int kWarps = kStagedThreads / 32;
-  static_assert(kWarps <= 32 && 32 % kWarps == 0, "a warp reduces the block's warps");
-  return warp_all_reduce<kWarps>(scratch[parity][lane % kWarps], op);
+  static_assert(WARPS <= 32 && 32 % WARPS == 0, "a warp reduces the block's warps");
+  return warp_all_reduce<WARPS>(scratch[parity][lane % WARPS], op);
 }
 
 // st.async of a (max, sum) pair (see send_async in stage_ring.cuh).
@@ -1242,8 +1248,8 @@ __device__ __forceinline__ V cluster_exchange_reduce(const ClusterExchange<V>& e
 // rows, then rows(std::bool_constant<log>) runs the block's rows (softmax and log_softmax each
 // get their own loop: no per-element branch on log), and no block exits while its sends to the
 // cluster are in flight.
-template <typename T, int VECS, class Fill, class Rows>
-__device__ __forceinline__ void run_staged_rows(const StagedSlice<T, VECS>& slice, int stages, int64_t rows, bool log,
+template <typename T, int VECS, int THREADS, class Fill, class Rows>
+__device__ __forceinline__ void run_staged_rows(const StagedSlice<T, VECS, THREADS>& slice, int stages, int64_t rows, bool log,
                                                 Fill fill, Rows body) {
   if (threadIdx.x == 0) {
     for (int s = 0; s < stages && slice.first + s * slice.step < rows; ++s) fill(s, slice.first + s * slice.step);
@@ -1257,18 +1263,20 @@ __device__ __forceinline__ void run_staged_rows(const StagedSlice<T, VECS>& slic
 }
 #endif
 
-template <typename T, int VECS>
-__global__ void __launch_bounds__(kStagedThreads, 1) staged_forward_kernel(ForwardArgs<T> a, StagedShape shape) {
+// THREADS: kStagedThreads (one block an SM) or kStagedForwardThreads (several).
+template <typename T, int VECS, int THREADS>
+__global__ void __launch_bounds__(THREADS, kStagedThreads / THREADS)
+    staged_forward_kernel(ForwardArgs<T> a, StagedShape shape) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using A = acc_t<T>;
   constexpr int VEC = kVec16<T>;
   using Vec = AlignedVector<T, VEC>;
   extern __shared__ uint4 stage_storage[];
   __shared__ uint64_t full[kMaxStages];
-  __shared__ MaxSum<A> scratch[2][kStagedThreads / 32];
+  __shared__ MaxSum<A> scratch[2][THREADS / 32];
   __shared__ alignas(2 * sizeof(A)) MaxSum<A> inbox[2][kStagedMaxCluster];  // st.async.v2: 8-byte aligned
   __shared__ uint64_t exchange_bars[2];
-  const StagedSlice<T, VECS> slice(a.cols, shape.cluster);
+  const StagedSlice<T, VECS, THREADS> slice(a.cols, shape.cluster);
   const StageRing ring{reinterpret_cast<char*>(stage_storage), full, shape.stages, shape.tensor_bytes};
   ring.init();
   const ClusterExchange<MaxSum<A>> exchange{inbox, exchange_bars, slice.cluster, slice.rank};
@@ -1400,7 +1408,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_backward_kernel(Back
   __shared__ A scratch[2][kStagedThreads / 32];
   __shared__ A inbox[2][kStagedMaxCluster];
   __shared__ uint64_t exchange_bars[2];
-  const StagedSlice<T, VECS> slice(a.cols, shape.cluster);
+  const StagedSlice<T, VECS, kStagedThreads> slice(a.cols, shape.cluster);
   // A stage holds the block's chunk of `a` (y), then its chunk of dy.
   const StageRing ring{reinterpret_cast<char*>(stage_storage), full, shape.stages, 2 * shape.tensor_bytes};
   ring.init();
@@ -1495,22 +1503,28 @@ struct Plan {
   bool cache;       // streamed rows kept in shared memory (also the fallback of cluster and staged rows)
   size_t cache_bytes;
   int staged_vecs;  // staged rows: vectors per thread and tensor (cluster: blocks per row); 0 otherwise
+  int staged_threads;  // staged rows: threads per block
 };
 
-// Staged rows: vectors per thread and tensor, and the blocks per row (`cluster`); 0 when no
-// chunk fits the row in kStagedMaxCluster blocks. The forward holds chunks of 64 KB (three
-// stages); the backward 32 KB of each tensor (three stages of 2 x 32 KB) while a cluster of 16
-// holds the row, then 64 KB of each (one stage of 2 x 64 KB, the registers being the second
-// buffer). Launcher timing, H200, session 6: clusters of 9-16 blocks of 32 KB chunks (rather than
-// 5-8 of 64 KB) took the bf16 backward at N = 262144 from 79.4 to 85.4% of copy.
-template <typename T> int staged_vecs(int64_t cols, int tensors, int& cluster) {
+// Staged rows: vectors per thread and tensor, the blocks per row (`cluster`) and their threads;
+// 0 when no chunk fits the row in kStagedMaxCluster blocks. While a cluster of 16 holds the row
+// in 32 KB chunks, the forward takes blocks of kStagedForwardThreads (three stages of 32 KB
+// each) and the backward 32 KB of each tensor in 512-thread blocks (three stages of 2 x 32 KB);
+// longer rows take 64 KB chunks in 512-thread blocks (the forward three stages, the backward
+// one of 2 x 64 KB, the registers being the second buffer). Launcher timing, H200, session 6:
+// clusters of 9-16 blocks of 32 KB chunks (rather than 5-8 of 64 KB) took the bf16 backward at N
+// = 262144 from 79.4 to 85.4% of copy; the forward in 32 KB chunks of 512-thread blocks lost 12-18
+// points at N = 65536 (session 7).
+template <typename T> int staged_vecs(int64_t cols, int tensors, int& cluster, int& threads) {
   auto blocks = [&](int chunk_bytes) {
     const int64_t chunk = chunk_bytes / static_cast<int64_t>(sizeof(T));
     return (cols + chunk - 1) / chunk;
   };
-  if (tensors == 2 && blocks(kNarrowChunkBytes) <= kStagedMaxCluster) {
+  threads = kStagedThreads;
+  if ((tensors == 2 || kNarrowStagedForward) && blocks(kNarrowChunkBytes) <= kStagedMaxCluster) {
     cluster = static_cast<int>(blocks(kNarrowChunkBytes));
-    return kNarrowChunkBytes / (16 * kStagedThreads);
+    if (tensors == 1) threads = kStagedForwardThreads;
+    return kNarrowChunkBytes / (16 * threads);
   }
   if (blocks(kWideChunkBytes) <= kStagedMaxCluster) {
     cluster = static_cast<int>(blocks(kWideChunkBytes));
@@ -1525,7 +1539,7 @@ template <typename T> int staged_vecs(int64_t cols, int tensors, int& cluster) {
 template <typename T>
 Plan make_plan(int64_t cols, bool aligned, int tensors, int per_thread, bool masked, bool vector_mask = true) {
   constexpr int kVec = kVec16<T>;
-  Plan plan{false, 32, 0, 1, 0, false, false, 0, 0};
+  Plan plan{false, 32, 0, 1, 0, false, false, 0, 0, 0};
   plan.vectorized = aligned && cols % kVec == 0 && !std::is_same<T, double>::value;
   if (!plan.vectorized) {
     plan.group = cols <= 1024 ? 32 : kStreamThreads;
@@ -1553,7 +1567,7 @@ Plan make_plan(int64_t cols, bool aligned, int tensors, int per_thread, bool mas
   plan.cache = plan.cache_bytes <= static_cast<size_t>(kMaxCacheBytes);
   if (!plan.cache) plan.cache_bytes = 0;
   if (clusters && !masked) {
-    plan.staged_vecs = staged_vecs<T>(cols, tensors, plan.cluster);
+    plan.staged_vecs = staged_vecs<T>(cols, tensors, plan.cluster, plan.staged_threads);
   } else if (clusters && vector_mask && cols <= int64_t(per_thread) * kWideClusterThreads * kMaxCluster) {
     plan.cluster_threads =
         cols <= int64_t(per_thread) * kClusterThreads * kMaxCluster ? kClusterThreads : kWideClusterThreads;
@@ -1611,17 +1625,19 @@ cudaError_t launch_cluster_wave(Kernel kernel, int64_t rows, int cluster, int th
   return wave.launch(std::min<int64_t>(rows, active), kernel_args...);
 }
 
-// Staged rows: one resident wave of clusters (one block per SM, its stage ring in dynamic shared
-// memory), each looping over rows, or one cluster per row when there are fewer rows.
-template <typename T, int VECS, class Kernel, class Args>
+// Staged rows: one resident wave of clusters (kStagedThreads / THREADS blocks per SM, each with
+// its share of kStagedRingBytes as its stage ring, in dynamic shared memory), each looping over
+// rows, or one cluster per row when there are fewer rows.
+template <typename T, int VECS, int THREADS, class Kernel, class Args>
 cudaError_t launch_staged(Kernel kernel, const Args& args, int cluster, int tensors, cudaStream_t stream) {
   StagedShape shape;
   shape.cluster = cluster;
-  const int64_t chunk_bytes = int64_t(kStagedThreads) * VECS * 16;
+  const int64_t chunk_bytes = int64_t(THREADS) * VECS * 16;
   shape.tensor_bytes = static_cast<int>((std::min<int64_t>(chunk_bytes, args.cols * int64_t(sizeof(T))) + 127) / 128 * 128);
-  shape.stages = std::min(kMaxStages, kStagedRingBytes / (tensors * shape.tensor_bytes));
+  const int ring_bytes = kStagedRingBytes / (kStagedThreads / THREADS);
+  shape.stages = std::min(kMaxStages, ring_bytes / (tensors * shape.tensor_bytes));
   const int shared_bytes = shape.stages * tensors * shape.tensor_bytes;
-  return launch_cluster_wave(kernel, args.rows, cluster, kStagedThreads, shared_bytes, stream, args, shape);
+  return launch_cluster_wave(kernel, args.rows, cluster, THREADS, shared_bytes, stream, args, shape);
 }
 
 // Register rows of group G, persistent or not as the plan says. Only what make_plan can choose
@@ -1649,7 +1665,13 @@ cudaError_t dispatch_plan(const Plan& plan, Launch launch) {
     cudaError_t err = cudaErrorNotSupported;
     if constexpr (!std::is_same<T, double>::value) {
       constexpr int kNarrow = kNarrowChunkBytes / (16 * kStagedThreads), kWide = kWideChunkBytes / (16 * kStagedThreads);
-      err = plan.staged_vecs == kNarrow ? launch.template staged<kNarrow>() : launch.template staged<kWide>();
+      constexpr int kNarrowForward = kNarrowChunkBytes / (16 * kStagedForwardThreads);
+      if (plan.staged_threads == kStagedForwardThreads) {
+        err = launch.template staged<kNarrowForward, kStagedForwardThreads>();
+      } else {
+        err = plan.staged_vecs == kNarrow ? launch.template staged<kNarrow, kStagedThreads>()
+                                          : launch.template staged<kWide, kStagedThreads>();
+      }
     }
     if (err != cudaErrorNotSupported) return err;
     // The device cannot hold such a cluster with its stage ring: stream the row instead.
@@ -1723,14 +1745,20 @@ template <typename T, bool MASKED, bool BACKWARD> struct RowLaunch {
       return cudaErrorNotSupported;  // make_plan gives unmasked rows staged rows instead
     }
   }
-  template <int VECS> cudaError_t staged() const {
-    // Masked rows take cluster rows; the forward holds wide chunks only.
-    if constexpr (MASKED || (!BACKWARD && VECS * 16 * kStagedThreads != kWideChunkBytes)) {
+  template <int VECS, int THREADS> cudaError_t staged() const {
+    // Masked rows take cluster rows; the backward runs blocks of kStagedThreads, the forward
+    // narrow chunks in blocks of kStagedForwardThreads and wide ones in blocks of kStagedThreads.
+    constexpr bool kBuilt = BACKWARD ? THREADS == kStagedThreads
+                                     : (THREADS == kStagedForwardThreads
+                                            ? VECS * 16 * THREADS == kNarrowChunkBytes
+                                            : THREADS == kStagedThreads && VECS * 16 * THREADS == kWideChunkBytes);
+    if constexpr (MASKED || !kBuilt) {
       return cudaErrorNotSupported;
     } else if constexpr (BACKWARD) {
-      return launch_staged<T, VECS>(staged_backward_kernel<T, VECS>, args, plan.cluster, kTensors, stream);
+      return launch_staged<T, VECS, THREADS>(staged_backward_kernel<T, VECS>, args, plan.cluster, kTensors, stream);
     } else {
-      return launch_staged<T, VECS>(staged_forward_kernel<T, VECS>, args, plan.cluster, kTensors, stream);
+      return launch_staged<T, VECS, THREADS>(staged_forward_kernel<T, VECS, THREADS>, args, plan.cluster, kTensors,
+                                             stream);
     }
   }
   template <int G, int VEC, bool CACHE> cudaError_t streamed() const {
