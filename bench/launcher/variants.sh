@@ -18,7 +18,7 @@ work="$(mktemp -d)"
 arch="${TIMING_ARCH:-sm_90a}"
 
 build() {  # name family script
-  local dir="$work/$1" file="csrc/$2/$2_kernels.cu"
+  local dir="$work/$2-$1" file="csrc/$2/$2_kernels.cu"
   mkdir -p "$dir/bench"
   cp -r "$root/csrc" "$dir/" && cp -r "$root/bench/launcher" "$dir/bench/"
   if [[ -n $3 ]]; then
@@ -38,12 +38,12 @@ done <"$list"
 wait
 
 for i in "${!names[@]}"; do
-  name="${names[$i]}" family="${families[$i]}"
-  if [[ ! -x $work/$name/timing ]]; then
-    echo "== $name: not built"; tail -5 "$work/$name/build.log"; continue
+  name="${names[$i]}" family="${families[$i]}" dir="$work/${families[$i]}-${names[$i]}"
+  if [[ ! -x $dir/timing ]]; then
+    echo "== $family $name: not built"; tail -5 "$dir/build.log"; continue
   fi
   echo "== $family $name" | tee -a "$out/$family.txt"
-  "$work/$name/timing" 2>&1 | tee -a "$out/$family.txt"
+  "$dir/timing" 2>&1 | tee -a "$out/$family.txt"
 done
 (cd "$work" && tar czf "$out/builds.tar.gz" */build.log)
 
