@@ -1,5 +1,5 @@
-// Warp reductions with __shfl_xor_sync (every lane ends with the result), and the shared memory
-// of block reductions (one value per warp through shared memory, then a warp reduces those).
+// Warp and block reductions: a warp reduces with __shfl_xor_sync (every lane ends with the
+// result), then one value per warp goes through shared memory and the first warp reduces those.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -21,20 +21,19 @@ __device__ __forceinline__ A warp_reduce(A value, Op op) {
   return value;
 }
 
-// The shared memory of a block's successive reductions: two buffers used in turn (next()), so
-// that a reduction needs one barrier (between the warps' writes and the reads), not a second one
-// before its buffer is reused. Reduction i + 2 writes the buffer that reduction i read; a thread
-// writes it only after passing reduction i + 1's barrier, which no thread passes before every
-// thread has read reduction i's values. Every thread of the block makes the same next() calls.
-template <typename Buffer>
-struct TurnScratch {
-  Buffer* buffers;  // [2], shared
-  int turn = 0;
-  __device__ __forceinline__ Buffer& next() {
-    Buffer& buffer = buffers[turn];
-    turn ^= 1;
-    return buffer;
-  }
-};
+// Block-wide reduction; every thread returns the result. `scratch` holds at least 32 values and
+// may be reused once this returns (the trailing barrier protects it). Assumes blockDim.x is a
+// multiple of 32 and every thread of the block calls it.
+template <typename A, class Op>
+__device__ __forceinline__ A block_reduce(A value, Op op, A identity, A* scratch) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  value = warp_reduce(value, op);
+  if (lane == 0) scratch[warp] = value;
+  __syncthreads();
+  value = lane < warps ? scratch[lane] : identity;
+  value = warp_reduce(value, op);
+  __syncthreads();
+  return value;
+}
 
 }  // namespace fusedops

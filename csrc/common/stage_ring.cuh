@@ -148,7 +148,7 @@ template <typename V> struct ClusterExchange {
 // Where a block is in its stage ring and in its cluster's inboxes; advanced once per row.
 struct StagedCursor {
   int stage = 0;
-  int parity = 0;  // inbox buffer of this row
+  int parity = 0;  // scratch and inbox buffer of this row
   uint32_t phase = 0, exchange_phase = 0;
   __device__ __forceinline__ void next(int stages) {
     exchange_phase ^= parity;  // each inbox's mbarrier flips once every two rows

@@ -101,9 +101,6 @@ constexpr int kStagedSmBytes = 128 * 1024;
 constexpr int kClusterStagedSmBytes = 64 * 1024;
 constexpr int kStagedMaxStages = 8;
 constexpr int kStagedThreads = 512;
-// Block reductions with one barrier (two scratch buffers used in turn, see TurnScratch) rather
-// than two (a trailing barrier before the buffer is reused).
-constexpr bool kOneBarrierReductions = true;
 
 static_assert(kLnBwdWarpRowsMaxChunks == 32 || kLnBwdWarpRowsMaxChunks == 64 || kLnBwdWarpRowsMaxChunks == 128);
 static_assert(kRmsBwdWarpRowsMaxChunks == 32 || kRmsBwdWarpRowsMaxChunks == 64 || kRmsBwdWarpRowsMaxChunks == 128);
@@ -148,48 +145,35 @@ struct RowGroup {
   int index = WARP_ROWS ? threadIdx.x / 32 : 0;
   int count = WARP_ROWS ? blockDim.x / 32 : 1;
 
-  // Sums of K (1 or 2) values over the group, returned to every thread. Every thread of the
-  // block must call it. Block rows pass the warps' sums through `scratch` with one barrier: the
-  // block must not write `scratch` again before every thread has passed another barrier (see
-  // TurnScratch in common/reduce.cuh).
-  template <int K, typename A>
-  __device__ __forceinline__ void sums(A (&values)[K], A (&scratch)[2][32]) const {
-    static_assert(K == 1 || K == 2);
-#pragma unroll
-    for (int k = 0; k < K; ++k) values[k] = warp_reduce(values[k], SumOp{});
-    if constexpr (!WARP_ROWS) {
-      const int warp_lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-      if (warp_lane == 0) {
-#pragma unroll
-        for (int k = 0; k < K; ++k) scratch[k][warp] = values[k];
-      }
-      __syncthreads();
-      const bool holds = warp_lane < static_cast<int>(blockDim.x / 32);
-#pragma unroll
-      for (int k = 0; k < K; ++k) values[k] = warp_reduce(holds ? scratch[k][warp_lane] : A(0), SumOp{});
-      if constexpr (!kOneBarrierReductions) __syncthreads();
+  // Sum over the group, returned to every thread. Every thread of the block must call it.
+  template <typename A>
+  __device__ __forceinline__ A sum(A value, A* scratch) const {
+    if constexpr (WARP_ROWS) {
+      return warp_reduce(value, SumOp{});
+    } else {
+      return block_reduce(value, SumOp{}, A(0), scratch);
     }
   }
 
-  template <typename A>
-  __device__ __forceinline__ A sum(A value, A (&scratch)[2][32]) const {
-    A values[1] = {value};
-    sums(values, scratch);
-    return values[0];
-  }
-
+  // Two sums with one pass through shared memory (block rows), returned to every thread.
   template <typename A>
   __device__ __forceinline__ void sum_pair(A& a, A& b, A (&scratch)[2][32]) const {
-    A values[2] = {a, b};
-    sums(values, scratch);
-    a = values[0];
-    b = values[1];
+    a = warp_reduce(a, SumOp{});
+    b = warp_reduce(b, SumOp{});
+    if constexpr (!WARP_ROWS) {
+      const int warp_lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+      if (warp_lane == 0) {
+        scratch[0][warp] = a;
+        scratch[1][warp] = b;
+      }
+      __syncthreads();
+      const bool holds = warp_lane < static_cast<int>(blockDim.x / 32);
+      a = warp_reduce(holds ? scratch[0][warp_lane] : A(0), SumOp{});
+      b = warp_reduce(holds ? scratch[1][warp_lane] : A(0), SumOp{});
+      __syncthreads();  // scratch may be reused once every thread has read it
+    }
   }
 };
-
-// The shared memory of a kernel's row reductions (one or two sums, a value per warp each).
-template <typename A>
-using RowScratch = TurnScratch<A[2][32]>;
 
 // The group's row sums as they are: the whole row (see the staged kernel's cluster sums).
 struct GroupSumsAreRowSums {
@@ -203,7 +187,7 @@ __device__ __forceinline__ void row_means(const RowGroup<WARP_ROWS>& group, A su
                                           A (&scratch)[2][32], A& mean_g, A& mean_gx, RowSums row_sums = {}) {
   if constexpr (RMS) {
     sum_g = A(0);
-    sum_gx = group.sum(sum_gx, scratch);
+    sum_gx = group.sum(sum_gx, scratch[0]);
   } else {
     group.sum_pair(sum_g, sum_gx, scratch);
   }
@@ -281,8 +265,7 @@ __device__ __forceinline__ void store_stats(const NormFwdParams& p, int64_t row,
 template <typename T, typename W, bool RMS, int VEC>
 __global__ void __launch_bounds__(kMaxThreads) norm_fwd_streaming_kernel(const NormFwdParams p) {
   using A = acc_t<T>;
-  __shared__ A scratch_buffers[2][2][32];
-  RowScratch<A> scratch{scratch_buffers};
+  __shared__ A scratch[32];
   const RowGroup<false> group;
   const A inv_cols = A(1) / A(p.cols);
   const int64_t step = int64_t(blockDim.x) * VEC;
@@ -297,7 +280,7 @@ __global__ void __launch_bounds__(kMaxThreads) norm_fwd_streaming_kernel(const N
         squares += v[j] * v[j];
       }
     }
-    const A mean = RMS ? A(0) : group.sum(sum, scratch.next()) * inv_cols;
+    const A mean = RMS ? A(0) : group.sum(sum, scratch) * inv_cols;
     if (!RMS) {
       squares = 0;
       for (int64_t col = int64_t(threadIdx.x) * VEC; col < p.cols; col += step) {
@@ -307,7 +290,7 @@ __global__ void __launch_bounds__(kMaxThreads) norm_fwd_streaming_kernel(const N
         for (int j = 0; j < VEC; ++j) squares += (v[j] - mean) * (v[j] - mean);
       }
     }
-    const A rstd = inv_sqrt(group.sum(squares, scratch.next()) * inv_cols + A(p.eps));
+    const A rstd = inv_sqrt(group.sum(squares, scratch) * inv_cols + A(p.eps));
     if (threadIdx.x == 0) store_stats(p, row, mean, rstd, RMS);
     for (int64_t col = int64_t(threadIdx.x) * VEC; col < p.cols; col += step) {
       A v[VEC];
@@ -460,8 +443,7 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdPara
   // raw rows of 64 elements a thread (prefetch), where it would spill: the output then unpacks
   // and subtracts again from the raw row.
   constexpr bool kRecenterEachPass = PREFETCH && VPT * VEC > 32;
-  __shared__ A scratch_buffers[2][2][32];
-  RowScratch<A> scratch{scratch_buffers};
+  __shared__ A scratch[32];
   const RowGroup<WARP_ROWS> group;
   const int cols = static_cast<int>(p.cols);
   const A inv_cols = A(1) / A(cols);
@@ -496,7 +478,7 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdPara
     for (int k = 0; k < VPT; ++k)
 #pragma unroll
       for (int j = 0; j < VEC; ++j) sum += x.get(k, j);
-    const A mean = RMS ? A(0) : group.sum(sum, scratch.next()) * inv_cols;
+    const A mean = RMS ? A(0) : group.sum(sum, scratch) * inv_cols;
     if constexpr (kRecenterEachPass) forget_values(x);
     A centered[VPT][VEC];
     A squares = 0;
@@ -514,7 +496,7 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdPara
         }
       }
     }
-    const A rstd = inv_sqrt(group.sum(squares, scratch.next()) * inv_cols + A(p.eps));
+    const A rstd = inv_sqrt(group.sum(squares, scratch) * inv_cols + A(p.eps));
     if (!valid) continue;
     if constexpr (kRecenterEachPass) forget_values(x);
     if (group.lane == 0) store_stats(p, row, mean, rstd, RMS);
@@ -658,7 +640,7 @@ template <bool RMS, typename T, typename W, int VEC, int VPT, bool WARP_ROWS, ty
 __device__ __forceinline__ void backprop_row(const NormBwdParams& p, const RowGroup<WARP_ROWS>& group, int64_t row,
                                              bool valid, const BwdRow<T, VEC, VPT>& now,
                                              const Chunks<T, VEC, VPT>& extra, const Chunks<W, VEC, VPT>& weight,
-                                             A (&dweight)[VPT][VEC], A (&dbias)[VPT][VEC], RowScratch<A>& scratch,
+                                             A (&dweight)[VPT][VEC], A (&dbias)[VPT][VEC], A (&scratch)[2][32],
                                              int cols, A inv_cols, AfterReduction after_reduction,
                                              int64_t col_begin = 0, RowSums row_sums = {}) {
   A xhat[VPT][VEC], g[VPT][VEC];
@@ -677,7 +659,7 @@ __device__ __forceinline__ void backprop_row(const NormBwdParams& p, const RowGr
     }
   }
   A mean_g, mean_gx;
-  row_means<RMS>(group, sum_g, sum_gx, inv_cols, scratch.next(), mean_g, mean_gx, row_sums);
+  row_means<RMS>(group, sum_g, sum_gx, inv_cols, scratch, mean_g, mean_gx, row_sums);
   after_reduction();
   if (!valid) return;
   T* dx_row = row_start(static_cast<T*>(p.dx), row * p.cols + col_begin);
@@ -711,8 +693,7 @@ __device__ __forceinline__ void backprop_row(const NormBwdParams& p, const RowGr
 template <typename T, typename W, bool RMS, bool WARP_ROWS, int VEC, int VPT, int MAX_THREADS>
 __global__ void __launch_bounds__(MAX_THREADS) norm_bwd_kernel(const NormBwdParams p) {
   using A = acc_t<T>;
-  __shared__ A scratch_buffers[2][2][32];
-  RowScratch<A> scratch{scratch_buffers};
+  __shared__ A scratch[2][32];
   const RowGroup<WARP_ROWS> group;
   const int cols = static_cast<int>(p.cols);
   const A inv_cols = A(1) / A(cols);
@@ -777,8 +758,7 @@ __global__ void __launch_bounds__(kStagedThreads) norm_bwd_staged_kernel(const N
   static_assert(!CLUSTER || std::is_same_v<A, float>, "cluster rows exchange fp32 sums");
   extern __shared__ uint4 stage_storage[];
   __shared__ uint64_t full[kStagedMaxStages];
-  __shared__ A scratch_buffers[2][2][32];
-  RowScratch<A> scratch{scratch_buffers};
+  __shared__ A scratch[2][32];
   __shared__ float2 inbox[2][kMaxExchangeCluster];
   __shared__ uint64_t exchange_bars[2];
   const RowGroup<false> group;
@@ -879,8 +859,7 @@ template <typename T, typename W, bool RMS, int VEC, int VPT, int MAX_THREADS>
 __global__ void __launch_bounds__(MAX_THREADS) norm_bwd_shared_sums_kernel(const NormBwdParams p) {
   using A = acc_t<T>;
   extern __shared__ __align__(16) unsigned char shared_sums[];
-  __shared__ A scratch_buffers[2][2][32];
-  RowScratch<A> scratch{scratch_buffers};
+  __shared__ A scratch[2][32];
   const RowGroup<false> group;
   const int cols = static_cast<int>(p.cols);
   const A inv_cols = A(1) / A(cols);
@@ -935,7 +914,7 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_bwd_shared_sums_kernel(const
       }
     }
     A mean_g, mean_gx;
-    row_means<RMS>(group, sum_g, sum_gx, inv_cols, scratch.next(), mean_g, mean_gx);
+    row_means<RMS>(group, sum_g, sum_gx, inv_cols, scratch, mean_g, mean_gx);
     forget_values(now.x);
     forget_values(now.dy);
     T* dx_row = row_start(static_cast<T*>(p.dx), row * p.cols);
@@ -982,8 +961,7 @@ template <typename T, typename W, bool RMS, int VEC, bool SHARED_SUMS>
 __global__ void __launch_bounds__(kMaxThreads) norm_bwd_streaming_kernel(const NormBwdParams p) {
   using A = acc_t<T>;
   extern __shared__ __align__(16) unsigned char shared_sums[];
-  __shared__ A scratch_buffers[2][2][32];
-  RowScratch<A> scratch{scratch_buffers};
+  __shared__ A scratch[2][32];
   const RowGroup<false> group;
   const A inv_cols = A(1) / A(p.cols);
   const int64_t step = int64_t(blockDim.x) * VEC;
@@ -1017,7 +995,7 @@ __global__ void __launch_bounds__(kMaxThreads) norm_bwd_streaming_kernel(const N
       }
     }
     A mean_g, mean_gx;
-    row_means<RMS>(group, sum_g, sum_gx, inv_cols, scratch.next(), mean_g, mean_gx);
+    row_means<RMS>(group, sum_g, sum_gx, inv_cols, scratch, mean_g, mean_gx);
     for (int64_t col = int64_t(threadIdx.x) * VEC; col < p.cols; col += step) {
       A xhat[VEC], g[VEC], dweight[VEC], dbias[VEC];
 #pragma unroll
@@ -1115,7 +1093,7 @@ int64_t persistent_blocks(Kernel kernel, int threads, int shared_bytes, int sms,
 template <typename T, int VEC, typename Kernel>
 StagedRows staged_bwd_shape(Kernel kernel, int64_t cols, int tensors, const DeviceLimits& device, int& threads,
                             int& shared_bytes) {
-  constexpr int64_t kStaticBytes = 2048;  // the kernel's mbarriers, reduction scratch and inboxes
+  constexpr int64_t kStaticBytes = 1024;  // the kernel's mbarriers, reduction scratch and inboxes
   constexpr int64_t kBlockChunks = int64_t(kStagedThreads) * kBwdStagedChunks;
   StagedRows shape{0, 0, 1, 0};
   const int64_t chunks = cols / VEC;

@@ -90,9 +90,6 @@ constexpr int kWideClusterThreads = 1024;
 // 92.6 to 81.4.
 constexpr int kWideRegisterRowBytes = 64;
 constexpr int kMaxCluster = 16;  // blocks per cluster (above 8 is a non-portable size)
-// Block reductions with one barrier (two scratch buffers used in turn, see TurnScratch) rather
-// than two (a trailing barrier before the buffer is reused).
-constexpr bool kOneBarrierReductions = true;
 constexpr int kMaxCacheBytes = 96 * 1024;       // shared memory staging of a streamed row
 constexpr int64_t kL2InFlightBytes = 32 << 20;  // rows in flight that the L2 (60 MB) should hold
 
@@ -161,18 +158,15 @@ template <int W, typename V, class Op> __device__ __forceinline__ V warp_all_red
   return value;
 }
 
-// Groups of more than a warp pass the warps' values through the next of the block's scratch
-// buffers, with one barrier (see TurnScratch).
 template <int G, typename V, class Op>
-__device__ __forceinline__ V group_reduce(V value, Op op, V identity, TurnScratch<V[32]>& scratch) {
+__device__ __forceinline__ V group_reduce(V value, Op op, V identity, V* scratch) {
   value = warp_all_reduce<G <= 32 ? G : 32>(value, op);
   if constexpr (G > 32) {
-    V(&partials)[32] = scratch.next();
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    if (lane == 0) partials[warp] = value;
+    if (lane == 0) scratch[warp] = value;
     __syncthreads();
-    value = warp_all_reduce<32>(lane < G / 32 ? partials[lane] : identity, op);
-    if constexpr (!kOneBarrierReductions) __syncthreads();
+    value = warp_all_reduce<32>(lane < G / 32 ? scratch[lane] : identity, op);
+    __syncthreads();  // scratch may be reused once this returns
   }
   return value;
 }
@@ -214,7 +208,7 @@ __device__ __forceinline__ V cluster_reduce(V value, Op op, V identity, V* slot)
 }
 
 template <int G, int CLUSTER, typename V, class Op>
-__device__ __forceinline__ V row_reduce(V value, Op op, V identity, TurnScratch<V[32]>& scratch, V* slot) {
+__device__ __forceinline__ V row_reduce(V value, Op op, V identity, V* scratch, V* slot) {
   return cluster_reduce<CLUSTER>(group_reduce<G>(value, op, identity, scratch), op, identity, slot);
 }
 
@@ -713,8 +707,7 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
   // exps against it (one exp per element for every dtype).
   constexpr bool kOnePass = CLUSTER > 1;
   const MaxSum<A> identity{neg_inf<A>(), A(0)};
-  __shared__ A scratch_buffers[2][32];
-  TurnScratch<A[32]> scratch{scratch_buffers};
+  __shared__ A scratch[32];
   __shared__ MaxSum<A> slots[2];
   const RowSlice<G, ITEMS, VEC, CLUSTER> slice;
   // Prefetches the thread's vectors of a row; none of a row past the end, none past the row's
@@ -874,8 +867,7 @@ __global__ void __launch_bounds__(block_threads(G)) register_backward_kernel(Bac
   // mask reads, exps and Philox) and by rows without prefetch; plain rows that prefetch remake
   // them from the raw vectors, which take half the registers for 16-bit types.
   constexpr bool kRemake = !MASKED && kPrefetch;
-  __shared__ A scratch_buffers[2][32];
-  TurnScratch<A[32]> scratch{scratch_buffers};
+  __shared__ A scratch[32];
   __shared__ A slots[2];
   const RowSlice<G, ITEMS, VEC, CLUSTER> slice;
   // Prefetches the thread's vectors of both tensors; vectors hidden by the causal mask are not
@@ -1009,8 +1001,7 @@ __global__ void __launch_bounds__(block_threads(G)) streamed_forward_kernel(Forw
   using A = acc_t<T>;
   using Cursor = RowCursor<G>;
   static_assert(!CACHE || G > 32, "a cached row belongs to a whole block");
-  __shared__ A scratch_buffers[2][32];
-  TurnScratch<A[32]> scratch{scratch_buffers};
+  __shared__ A scratch[32];
   extern __shared__ uint4 cache_storage[];
   T* cache = reinterpret_cast<T*>(cache_storage);
   for (int64_t base = Cursor::first(); base < a.rows; base += Cursor::step()) {
@@ -1054,8 +1045,7 @@ __global__ void __launch_bounds__(block_threads(G)) streamed_backward_kernel(Bac
   using A = acc_t<T>;
   using Cursor = RowCursor<G>;
   static_assert(!CACHE || G > 32, "a cached row belongs to a whole block");
-  __shared__ A scratch_buffers[2][32];
-  TurnScratch<A[32]> scratch{scratch_buffers};
+  __shared__ A scratch[32];
   extern __shared__ uint4 cache_storage[];
   T* cache_a = reinterpret_cast<T*>(cache_storage);
   T* cache_dy = cache_a + a.cols;
@@ -1216,21 +1206,22 @@ template <typename T, int VEC> __device__ __forceinline__ void opaque(AlignedVec
   for (int w = 0; w < 4; ++w) asm volatile("" : "+r"(words[w]));
 }
 
-// Block reduction of a value whose warps' partials go to the next of the block's scratch
-// buffers, with one barrier (see TurnScratch); `after_sync` runs once every thread has passed
-// the barrier (the stage it read is free).
+// Block reduction of a value whose warps' partials go to scratch[parity]; `after_sync` runs
+// once every thread has passed the barrier (the stage it read is free). Two scratch buffers
+// alternate between rows, so no second barrier is needed: buffer p is rewritten two rows later,
+// after the next row's barrier, which every thread passes only once it has read it.
 template <int WARPS, typename V, class Op, class AfterSync>
-__device__ __forceinline__ V staged_block_reduce(V value, Op op, TurnScratch<V[WARPS]>& scratch, AfterSync after_sync) {
-  V(&partials)[WARPS] = scratch.next();
+__device__ __forceinline__ V staged_block_reduce(V value, Op op, V (&scratch)[2][WARPS], int parity,
+                                                 AfterSync after_sync) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   value = warp_all_reduce<32>(value, op);
-  if (lane == 0) partials[warp] = value;
+  if (lane == 0) scratch[parity][warp] = value;
   __syncthreads();
   after_sync();
   // Every group of WARPS lanes reduces all the partials, in the same order: every lane of every
   // warp ends with the same bits.
   static_assert(WARPS <= 32 && 32 % WARPS == 0, "a warp reduces the block's warps");
-  return warp_all_reduce<WARPS>(partials[lane % WARPS], op);
+  return warp_all_reduce<WARPS>(scratch[parity][lane % WARPS], op);
 }
 
 // st.async of a (max, sum) pair (see send_async in stage_ring.cuh).
@@ -1282,8 +1273,7 @@ __global__ void __launch_bounds__(THREADS, kStagedThreads / THREADS)
   using Vec = AlignedVector<T, VEC>;
   extern __shared__ uint4 stage_storage[];
   __shared__ uint64_t full[kMaxStages];
-  __shared__ MaxSum<A> scratch_buffers[2][THREADS / 32];
-  TurnScratch<MaxSum<A>[THREADS / 32]> scratch{scratch_buffers};
+  __shared__ MaxSum<A> scratch[2][THREADS / 32];
   __shared__ alignas(2 * sizeof(A)) MaxSum<A> inbox[2][kStagedMaxCluster];  // st.async.v2: 8-byte aligned
   __shared__ uint64_t exchange_bars[2];
   const StagedSlice<T, VECS, THREADS> slice(a.cols, shape.cluster);
@@ -1366,7 +1356,7 @@ __global__ void __launch_bounds__(THREADS, kStagedThreads / THREADS)
       }
       // fmaxf skips NaN, but a NaN logit makes the sum NaN: the max carries it on, so the row is NaN.
       if (sum != sum) thread_max = sum;
-      MaxSum<A> total = staged_block_reduce(MaxSum<A>{thread_max, sum}, MaxSumOp<T>{}, scratch, [&] {
+      MaxSum<A> total = staged_block_reduce(MaxSum<A>{thread_max, sum}, MaxSumOp<T>{}, scratch, at.parity, [&] {
         if (threadIdx.x == 0 && row + ahead < a.rows) fill(at.stage, row + ahead);
       });
       total = cluster_exchange_reduce(exchange, total, MaxSumOp<T>{}, identity, at.parity, at.exchange_phase);
@@ -1415,8 +1405,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_backward_kernel(Back
   using Vec = AlignedVector<T, VEC>;
   extern __shared__ uint4 stage_storage[];
   __shared__ uint64_t full[kMaxStages];
-  __shared__ A scratch_buffers[2][kStagedThreads / 32];
-  TurnScratch<A[kStagedThreads / 32]> scratch{scratch_buffers};
+  __shared__ A scratch[2][kStagedThreads / 32];
   __shared__ A inbox[2][kStagedMaxCluster];
   __shared__ uint64_t exchange_bars[2];
   const StagedSlice<T, VECS, kStagedThreads> slice(a.cols, shape.cluster);
@@ -1458,7 +1447,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_backward_kernel(Back
           sum += kLog ? g : g * to_acc(va[i].val[j]);
         }
       }
-      sum = staged_block_reduce(sum, SumOp{}, scratch, [&] {
+      sum = staged_block_reduce(sum, SumOp{}, scratch, at.parity, [&] {
         if (threadIdx.x == 0 && row + ahead < a.rows) fill(at.stage, row + ahead);
       });
       sum = cluster_exchange_reduce(exchange, sum, SumOp{}, A(0), at.parity, at.exchange_phase);
