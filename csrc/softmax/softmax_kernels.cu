@@ -1105,17 +1105,17 @@ __global__ void __launch_bounds__(block_threads(G)) streamed_backward_kernel(Bac
 
 // Long unmasked rows on sm_90: a cluster of `cluster` blocks of kStagedThreads threads per row,
 // one block per SM (the forward's narrow chunks: kStagedForwardThreads, two blocks an SM), each
-// block owning one chunk of the row (kStagedThreads * VECS vectors per
-// tensor; 512 threads of 8 vectors issue fewer instructions a byte than 1024 of 4, the
-// reductions being per thread). A ring of shared-memory stages holds the block's chunks of the
-// next rows, filled by sm_90 bulk copies (one instruction per chunk and tensor, issued by one
-// thread, no registers held) as soon as a stage has been read, so 128-192 KB per SM stay in
-// flight through every row's reductions, cluster barrier and stores. A thread copies its
-// vectors of the current row from the stage into registers (in the storage type), the block's
-// reduction barrier frees the stage for the next fill, and the row is written from registers.
+// block owning one chunk of the row (threads * VECS vectors per tensor; 512 threads of 8 vectors
+// issue fewer instructions a byte than 1024 of 4, the reductions being per thread). A ring of
+// shared-memory stages holds the block's chunks of the next rows, filled by sm_90 bulk copies
+// (one instruction per chunk and tensor, issued by one thread, no registers held) as soon as a
+// stage has been read, so 128-192 KB per SM stay in flight through every row's reductions,
+// cluster barrier and stores. A thread copies its vectors of the current row from the stage into
+// registers (in the storage type), the block's reduction barrier frees the stage for the next
+// fill, and the row is written from registers.
 constexpr int kStagedThreads = 512;
 constexpr int kWideChunkBytes = 64 * 1024;    // a block's chunk of a row (per tensor)
-constexpr int kNarrowChunkBytes = 32 * 1024;  // the backward's while a cluster of 16 holds the row
+constexpr int kNarrowChunkBytes = 32 * 1024;  // the chunk while a cluster of 16 holds the row
 constexpr int kStagedRingBytes = 192 * 1024;  // shared memory of the stage rings of an SM
 // The forward's blocks while a cluster of 16 holds the row in narrow chunks: kStagedThreads /
 // kStagedForwardThreads blocks an SM (each with its share of kStagedRingBytes), so that one
@@ -1155,7 +1155,9 @@ template <typename T, int VECS, int THREADS> struct StagedSlice {
     step = gridDim.x / cluster;
   }
   // Column (in the chunk) of the thread's vector i; live when inside the chunk.
-  __device__ __forceinline__ int column(int i) const { return (i * THREADS + static_cast<int>(threadIdx.x)) * kVec16<T>; }
+  __device__ __forceinline__ int column(int i) const {
+    return (i * THREADS + static_cast<int>(threadIdx.x)) * kVec16<T>;
+  }
 };
 
 using PackedWords = AlignedVector<uint32_t, 4>;  // a 16-byte vector of 16-bit pairs
@@ -1165,8 +1167,8 @@ using PackedWords = AlignedVector<uint32_t, 4>;  // a 16-byte vector of 16-bit p
 // is monotone (decreasing if scale < 0) and NaN only at NaN, which __hmax2/__hmin2 skip as fmaxf
 // does, so it is mul_rn(max x, scale) (min x). The element-wise fold may differ in a zero's sign.
 template <typename T, int VECS, int THREADS>
-__device__ __forceinline__ float packed_max_logit(const StagedSlice<T, VECS, THREADS>& slice, const PackedWords (&words)[VECS],
-                                                  float scale) {
+__device__ __forceinline__ float packed_max_logit(const StagedSlice<T, VECS, THREADS>& slice,
+                                                  const PackedWords (&words)[VECS], float scale) {
   using T2 = std::conditional_t<std::is_same<T, __half>::value, __half2, __nv_bfloat162>;
   constexpr int kPairs = 4;
   // A tree over each vector's pairs, then a fold over the vectors: a short dependent chain.
@@ -1249,8 +1251,8 @@ __device__ __forceinline__ V cluster_exchange_reduce(const ClusterExchange<V>& e
 // get their own loop: no per-element branch on log), and no block exits while its sends to the
 // cluster are in flight.
 template <typename T, int VECS, int THREADS, class Fill, class Rows>
-__device__ __forceinline__ void run_staged_rows(const StagedSlice<T, VECS, THREADS>& slice, int stages, int64_t rows, bool log,
-                                                Fill fill, Rows body) {
+__device__ __forceinline__ void run_staged_rows(const StagedSlice<T, VECS, THREADS>& slice, int stages, int64_t rows,
+                                                bool log, Fill fill, Rows body) {
   if (threadIdx.x == 0) {
     for (int s = 0; s < stages && slice.first + s * slice.step < rows; ++s) fill(s, slice.first + s * slice.step);
   }
