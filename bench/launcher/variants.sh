@@ -8,7 +8,8 @@
 # noise). Every variant's bench/launcher/<family>_timing.cu is built in parallel (a script that
 # changes nothing, or a failed build, drops the variant), then run in the listed order. Writes
 # <family>.txt (every run) and <family>_table.md (% of copy, one column per variant) to OUTDIR
-# (default $OUT, else ./variants_logs).
+# (default $OUT, else ./variants_logs), and every build's log (ptxas registers and spills) to
+# builds.tar.gz. TIMING_ARCH picks the architecture (default sm_90a).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 list="$1"
@@ -16,6 +17,7 @@ out="${2:-${OUT:-$PWD/variants_logs}}"
 mkdir -p "$out"
 work="$(mktemp -d)"
 arch="${TIMING_ARCH:-sm_90a}"
+nvcc="$(command -v nvcc || echo "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc")"
 
 build() {  # name family script
   local dir="$work/$2-$1" file="csrc/$2/$2_kernels.cu"
@@ -25,7 +27,7 @@ build() {  # name family script
     sed -i -e "$3" "$dir/$file"
     if cmp -s "$root/$file" "$dir/$file"; then echo "$1: the script changes nothing" >"$dir/build.log"; return 1; fi
   fi
-  nvcc -O3 --expt-relaxed-constexpr -std=c++17 -arch="$arch" -Xptxas -v "$dir/bench/launcher/$2_timing.cu" \
+  "$nvcc" -O3 --expt-relaxed-constexpr -std=c++17 -arch="$arch" -Xptxas -v "$dir/bench/launcher/$2_timing.cu" \
     -o "$dir/timing" >"$dir/build.log" 2>&1
 }
 
