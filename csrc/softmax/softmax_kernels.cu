@@ -1122,6 +1122,9 @@ constexpr int kStagedRingBytes = 192 * 1024;  // shared memory of the stage ring
 // block's row reduction and cluster exchange overlap another's loads and stores (ncu, session 6:
 // with one 512-thread block an SM, no warp was eligible 48% of the time at bf16 N = 65536).
 constexpr int kStagedForwardThreads = 256;
+// Blocks of THREADS threads an SM holds at once (its registers: launch bounds; its shared memory:
+// the ring's share).
+template <int THREADS> constexpr int kStagedBlocksPerSm = kStagedThreads / THREADS;
 constexpr bool kNarrowStagedForward = true;  // false: the forward holds wide chunks only
 constexpr int kMaxStages = 16;
 constexpr int kStagedMaxCluster = kMaxExchangeCluster;
@@ -1267,7 +1270,7 @@ __device__ __forceinline__ void run_staged_rows(const StagedSlice<T, VECS, THREA
 
 // THREADS: kStagedThreads (one block an SM) or kStagedForwardThreads (several).
 template <typename T, int VECS, int THREADS>
-__global__ void __launch_bounds__(THREADS, kStagedThreads / THREADS)
+__global__ void __launch_bounds__(THREADS, kStagedBlocksPerSm<THREADS>)
     staged_forward_kernel(ForwardArgs<T> a, StagedShape shape) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using A = acc_t<T>;
@@ -1627,7 +1630,7 @@ cudaError_t launch_cluster_wave(Kernel kernel, int64_t rows, int cluster, int th
   return wave.launch(std::min<int64_t>(rows, active), kernel_args...);
 }
 
-// Staged rows: one resident wave of clusters (kStagedThreads / THREADS blocks per SM, each with
+// Staged rows: one resident wave of clusters (kStagedBlocksPerSm blocks per SM, each with
 // its share of kStagedRingBytes as its stage ring, in dynamic shared memory), each looping over
 // rows, or one cluster per row when there are fewer rows.
 template <typename T, int VECS, int THREADS, class Kernel, class Args>
@@ -1636,7 +1639,7 @@ cudaError_t launch_staged(Kernel kernel, const Args& args, int cluster, int tens
   shape.cluster = cluster;
   const int64_t chunk_bytes = int64_t(THREADS) * VECS * 16;
   shape.tensor_bytes = static_cast<int>((std::min<int64_t>(chunk_bytes, args.cols * int64_t(sizeof(T))) + 127) / 128 * 128);
-  const int ring_bytes = kStagedRingBytes / (kStagedThreads / THREADS);
+  const int ring_bytes = kStagedRingBytes / kStagedBlocksPerSm<THREADS>;
   shape.stages = std::min(kMaxStages, ring_bytes / (tensors * shape.tensor_bytes));
   const int shared_bytes = shape.stages * tensors * shape.tensor_bytes;
   return launch_cluster_wave(kernel, args.rows, cluster, THREADS, shared_bytes, stream, args, shape);
@@ -1748,12 +1751,10 @@ template <typename T, bool MASKED, bool BACKWARD> struct RowLaunch {
     }
   }
   template <int VECS, int THREADS> cudaError_t staged() const {
-    // Masked rows take cluster rows; the backward runs blocks of kStagedThreads, the forward
-    // narrow chunks in blocks of kStagedForwardThreads and wide ones in blocks of kStagedThreads.
+    // Masked rows take cluster rows. Only the shapes staged_vecs gives a direction are built:
+    // the backward's blocks are all of kStagedThreads, the forward's narrow chunks are not.
     constexpr bool kBuilt = BACKWARD ? THREADS == kStagedThreads
-                                     : (THREADS == kStagedForwardThreads
-                                            ? VECS * 16 * THREADS == kNarrowChunkBytes
-                                            : THREADS == kStagedThreads && VECS * 16 * THREADS == kWideChunkBytes);
+                                     : !(THREADS == kStagedThreads && VECS * 16 * THREADS == kNarrowChunkBytes);
     if constexpr (MASKED || !kBuilt) {
       return cudaErrorNotSupported;
     } else if constexpr (BACKWARD) {
