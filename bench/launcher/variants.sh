@@ -5,11 +5,13 @@
 #
 # VARIANTS: lines `name|family|sed script` (family: norm or softmax); the script is applied to a
 # copy of csrc/<family>/<family>_kernels.cu (empty: the file as it is; list it twice to see the
-# noise). Every variant's bench/launcher/<family>_timing.cu is built in parallel (a script that
+# noise), or `@DIR` builds the csrc tree in DIR instead (a baseline: e.g. `git archive` of an
+# earlier commit's csrc). Every variant's bench/launcher/<family>_timing.cu is built in parallel (a script that
 # changes nothing, or a failed build, drops the variant), then run in the listed order. Writes
 # <family>.txt (every run) and <family>_table.md (% of copy, one column per variant) to OUTDIR
 # (default $OUT, else ./variants_logs), and every build's log (ptxas registers and spills) to
-# builds.tar.gz. TIMING_ARCH picks the architecture (default sm_90a).
+# builds.tar.gz. TIMING_ARCH picks the architecture (default sm_90a); VARIANT_TIMEOUT caps each
+# variant's run (seconds, default 300).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 list="$1"
@@ -23,7 +25,9 @@ build() {  # name family script
   local dir="$work/$2-$1" file="csrc/$2/$2_kernels.cu"
   mkdir -p "$dir/bench"
   cp -r "$root/csrc" "$dir/" && cp -r "$root/bench/launcher" "$dir/bench/"
-  if [[ -n $3 ]]; then
+  if [[ $3 == @* ]]; then
+    rm -rf "$dir/csrc" && cp -r "${3#@}" "$dir/csrc" || return 1
+  elif [[ -n $3 ]]; then
     sed -i -e "$3" "$dir/$file"
     if cmp -s "$root/$file" "$dir/$file"; then echo "$1: the script changes nothing" >"$dir/build.log"; return 1; fi
   fi
@@ -45,7 +49,7 @@ for i in "${!names[@]}"; do
     echo "== $family $name: not built"; tail -5 "$dir/build.log"; continue
   fi
   echo "== $family $name" | tee -a "$out/$family.txt"
-  "$dir/timing" 2>&1 | tee -a "$out/$family.txt"
+  timeout "${VARIANT_TIMEOUT:-300}" "$dir/timing" 2>&1 | tee -a "$out/$family.txt"
 done
 (cd "$work" && tar czf "$out/builds.tar.gz" */build.log)
 
