@@ -3,8 +3,10 @@
 # the small cases of every kernel, benchmark. Logs go to $OUT (else ./gpu_check_logs).
 #
 #   scripts/gpu_check.sh [STAGES] [PYTEST_ARGS...]
-#   STAGES: comma-separated subset of build,cmake,test,sanitize,sweep,bench,bench-full
-#   (default: build,test,sanitize,bench); sweep = fusedops alone at every N (bench/sweep.py)
+#   STAGES: comma-separated subset of build,cmake,test,sanitize,variants,sweep,bench,bench-full
+#   (default: build,test,sanitize,bench); variants = bench/launcher/variants.sh on the list in
+#   $VARIANTS (launcher timing of kernel-file variants side by side); sweep = fusedops alone at
+#   every N (bench/sweep.py)
 #   PYTEST_ARGS replace the default test selection (tests/); BENCH_TIMEOUT caps the benchmark
 #   (seconds; the report is written after every family, so a capped run keeps what it measured).
 #
@@ -56,6 +58,17 @@ if [[ $stages == *,sanitize,* ]]; then
     rc=$?; tail -4 "$out/sanitizer_$tool.log"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitizer_$tool.log" | tail -2
     [[ $rc == 0 ]] || status=1
   done
+fi
+
+if [[ $stages == *,variants,* ]]; then
+  step "launcher variants (${VARIANTS:-VARIANTS unset})"
+  if [[ -f ${VARIANTS:-} ]]; then
+    bench/launcher/variants.sh "$VARIANTS" "$out/variants" >"$out/variants.log" 2>&1
+    rc=$?; cat "$out/variants"/*_table.md 2>/dev/null || tail -20 "$out/variants.log"
+    [[ $rc == 0 ]] || status=1
+  else
+    echo "VARIANTS must name a variant list (bench/launcher/variants.sh)"; status=1
+  fi
 fi
 
 if [[ $stages == *,sweep,* ]]; then
