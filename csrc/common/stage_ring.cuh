@@ -96,12 +96,13 @@ __device__ __forceinline__ uint32_t cluster_address(uint32_t local, int rank) {
 // previous row's output), once per row. Instead block r sends its value to slot r of every
 // other block's inbox with st.async, which completes on the receiver's mbarrier; each block
 // waits on its own mbarrier and reduces its inbox, the same values in the same order in every
-// block. Rows alternate between two inboxes and mbarriers (parity): block B writes inbox p of
-// row k + 2 only after it has A's value of row k + 1, which A sends only once every one of its
-// threads is past row k's reads (the block barrier of row k + 1's reduction).
-template <typename V> struct ClusterExchange {
-  V (*inbox)[kMaxExchangeCluster];  // [2][kMaxExchangeCluster]
-  uint64_t* bars;                   // [2]
+// block. Rows take SLOTS inboxes and mbarriers in turn (ExchangeCursor). With two, a block that
+// waits for row k's values before it sends row k + 1's: block B writes inbox p of row k + 2 only
+// after it has A's value of row k + 1, which A sends only once every one of its threads is past
+// row k's reads (the block barrier of row k + 1's reduction).
+template <typename V, int SLOTS = 2> struct ClusterExchange {
+  V (*inbox)[kMaxExchangeCluster];  // [SLOTS][kMaxExchangeCluster]
+  uint64_t* bars;                   // [SLOTS]
   int cluster, rank;
 
   // Before any block of the cluster sends: every block's mbarriers initialized.
@@ -109,28 +110,34 @@ template <typename V> struct ClusterExchange {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (cluster == 1) return;
     if (threadIdx.x == 0) {
-      for (int p = 0; p < 2; ++p) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(&bars[p])));
+      for (int s = 0; s < SLOTS; ++s) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(&bars[s])));
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     cooperative_groups::this_cluster().sync();
 #endif
   }
-  // Sends `value` (the same in every thread of the block) to every other block of the cluster and
-  // waits for theirs: returns the row's inbox, block r's value at [r], the same in every block.
-  // `phase` flips every second row. Only for clusters of more than one block.
-  __device__ const V* exchange(V value, int parity, uint32_t phase) const {
+  // Sends `value` (the same in every thread of the block) to every other block of the cluster, in
+  // inbox `slot`. Only for clusters of more than one block.
+  __device__ void send(V value, int slot) const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const uint32_t bar = shared_address(&bars[parity]);
+    const uint32_t bar = shared_address(&bars[slot]);
     if (threadIdx.x == 0) {
-      inbox[parity][rank] = value;  // released to the block's threads by the arrive below
+      inbox[slot][rank] = value;  // released to the block's threads by the arrive below
       asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
                    "r"(static_cast<uint32_t>((cluster - 1) * sizeof(V)))
                    : "memory");
     }
     const int to = static_cast<int>(threadIdx.x);
     if (to < cluster && to != rank) {
-      send_async(cluster_address(shared_address(&inbox[parity][rank]), to), cluster_address(bar, to), value);
+      send_async(cluster_address(shared_address(&inbox[slot][rank]), to), cluster_address(bar, to), value);
     }
+#endif
+  }
+  // Waits for every block's value in inbox `slot` (phase: the slot's ExchangeCursor phase): returns
+  // the inbox, block r's value at [r], the same in every block.
+  __device__ const V* wait(int slot, uint32_t phase) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const uint32_t bar = shared_address(&bars[slot]);
     uint32_t done = 0;
     while (!done) {
       asm volatile(
@@ -141,18 +148,32 @@ template <typename V> struct ClusterExchange {
           : "memory");
     }
 #endif
-    return inbox[parity];
+    return inbox[slot];
+  }
+  __device__ const V* exchange(V value, int slot, uint32_t phase) const {
+    send(value, slot);
+    return wait(slot, phase);
   }
 };
 
-// Where a block is in its stage ring and in its cluster's inboxes; advanced once per row.
+// A row's inbox of SLOTS taken in turn, and that inbox's mbarrier phase; advanced once per row.
+template <int SLOTS> struct ExchangeCursor {
+  int slot = 0;
+  uint32_t phase = 0;  // flips once every SLOTS rows
+  __device__ __forceinline__ void next() {
+    const uint32_t wraps = slot == SLOTS - 1;
+    phase ^= wraps;
+    slot = wraps ? 0 : slot + 1;
+  }
+};
+
+// Where a block is in its stage ring and in its cluster's two inboxes; advanced once per row.
 struct StagedCursor {
   int stage = 0;
-  int parity = 0;  // scratch and inbox buffer of this row
-  uint32_t phase = 0, exchange_phase = 0;
+  uint32_t phase = 0;
+  ExchangeCursor<2> exchange;  // exchange.slot: also the scratch buffer of this row
   __device__ __forceinline__ void next(int stages) {
-    exchange_phase ^= parity;  // each inbox's mbarrier flips once every two rows
-    parity ^= 1;
+    exchange.next();
     if (++stage == stages) {
       stage = 0;
       phase ^= 1;

@@ -94,11 +94,13 @@ constexpr int kBwdStagedChunks = 2;
 constexpr int kBwdStagedMaxCluster = 8;
 // The ring bytes an SM aims for (single-block rows / cluster rows), split between the blocks its
 // registers hold: each block's ring holds as many whole stages (rows) as fit in its share, at
-// least 2 and at most kStagedMaxStages. Launcher timing, H200, session 6: 64 KB for every row
-// took cluster rows at N = 16384 from 70.6 / 74.2% of copy (LayerNorm / RMSNorm) to 73.3 / 77.5
-// and cost single-block rows at N = 8192 1.7 points (LayerNorm).
+// least 2 (pipelined cluster rows: kClusterMinStages) and at most kStagedMaxStages. Launcher
+// timing, H200, session 6 (cluster rows not yet pipelined): 64 KB for every row took cluster rows
+// at N = 16384 from 70.6 / 74.2% of copy (LayerNorm / RMSNorm) to 73.3 / 77.5 and cost
+// single-block rows at N = 8192 1.7 points (LayerNorm). Pipelined cluster rows hold two stages:
+// 128 KB (four stages of a bf16 slice of 8192 columns) keeps two in flight.
 constexpr int kStagedSmBytes = 128 * 1024;
-constexpr int kClusterStagedSmBytes = 64 * 1024;
+constexpr int kClusterStagedSmBytes = 128 * 1024;
 constexpr int kStagedMaxStages = 8;
 constexpr int kStagedThreads = 512;
 
@@ -112,7 +114,7 @@ static_assert(kRmsBwdRegisterSumsChunks == 1 || kRmsBwdRegisterSumsChunks == 2);
 static_assert(kBwdSharedSumsChunks == 2 || kBwdSharedSumsChunks == 4);
 static_assert(kBwdStagedChunks == 1 || kBwdStagedChunks == 2);
 static_assert(kBwdStagedMaxCluster >= 1 && kBwdStagedMaxCluster <= 8);  // portable cluster sizes
-static_assert(kStagedMaxStages >= 2);
+static_assert(kStagedMaxStages >= 4);  // kClusterMinStages
 
 constexpr int kMaxThreads = 1024;
 constexpr int kWarpRowsThreads = 128;  // one warp per row: 4 rows per block
@@ -175,23 +177,23 @@ struct RowGroup {
   }
 };
 
-// The group's row sums as they are: the whole row (see the staged kernel's cluster sums).
-struct GroupSumsAreRowSums {
-  template <typename A> __device__ void operator()(A&, A&) const {}
-};
-
-// mean(g) (LayerNorm only) and mean(g * xhat) over the row; row_sums(sum_g, sum_gx) turns the
-// group's sums into the row's.
-template <bool RMS, bool WARP_ROWS, typename A, class RowSums = GroupSumsAreRowSums>
-__device__ __forceinline__ void row_means(const RowGroup<WARP_ROWS>& group, A sum_g, A sum_gx, A inv_cols,
-                                          A (&scratch)[2][32], A& mean_g, A& mean_gx, RowSums row_sums = {}) {
+// The group's sums of g (LayerNorm only; 0 for RMSNorm) and g * xhat, in every thread.
+template <bool RMS, bool WARP_ROWS, typename A>
+__device__ __forceinline__ void group_sums(const RowGroup<WARP_ROWS>& group, A& sum_g, A& sum_gx,
+                                           A (&scratch)[2][32]) {
   if constexpr (RMS) {
     sum_g = A(0);
     sum_gx = group.sum(sum_gx, scratch[0]);
   } else {
     group.sum_pair(sum_g, sum_gx, scratch);
   }
-  row_sums(sum_g, sum_gx);
+}
+
+// mean(g) (LayerNorm only) and mean(g * xhat) over the row the group holds.
+template <bool RMS, bool WARP_ROWS, typename A>
+__device__ __forceinline__ void row_means(const RowGroup<WARP_ROWS>& group, A sum_g, A sum_gx, A inv_cols,
+                                          A (&scratch)[2][32], A& mean_g, A& mean_gx) {
+  group_sums<RMS>(group, sum_g, sum_gx, scratch);
   mean_g = sum_g * inv_cols;
   mean_gx = sum_gx * inv_cols;
 }
@@ -629,22 +631,14 @@ __device__ __forceinline__ void load_bwd_row(const NormBwdParams& p, int64_t row
   load_chunks(row_start(static_cast<const T*>(p.dy), row * p.dy_row_stride), valid, group, cols, r.dy);
 }
 
-// Backpropagates one row held in registers (`now`, with `extra` the residual_out gradient when
-// there is one): writes dx and adds the row's terms to the column sums `dweight` / `dbias`.
-// after_reduction() runs once every thread of the group has passed the row's reductions. Every
-// thread of the block calls it for every row step; an invalid row (rstd 0, zeros) adds nothing.
-// The group holds the `cols` columns from col_begin of the row (all of it unless the row is split
-// over a cluster, whose blocks' sums row_sums (see row_means) adds up).
-template <bool RMS, typename T, typename W, int VEC, int VPT, bool WARP_ROWS, typename A,
-          class AfterReduction, class RowSums = GroupSumsAreRowSums>
-__device__ __forceinline__ void backprop_row(const NormBwdParams& p, const RowGroup<WARP_ROWS>& group, int64_t row,
-                                             bool valid, const BwdRow<T, VEC, VPT>& now,
-                                             const Chunks<T, VEC, VPT>& extra, const Chunks<W, VEC, VPT>& weight,
-                                             A (&dweight)[VPT][VEC], A (&dbias)[VPT][VEC], A (&scratch)[2][32],
-                                             int cols, A inv_cols, AfterReduction after_reduction,
-                                             int64_t col_begin = 0, RowSums row_sums = {}) {
-  A xhat[VPT][VEC], g[VPT][VEC];
-  A sum_g = 0, sum_gx = 0;
+// A row's terms in this thread: xhat = (x - mean) * rstd and g = dy * weight, and their sums
+// (of g, g * xhat) over the thread's elements; ADD_COLUMNS: also adds the row's terms to the
+// column sums dweight (dy * xhat) and dbias (dy; LayerNorm only).
+template <bool RMS, bool ADD_COLUMNS, typename T, typename W, int VEC, int VPT, typename A>
+__device__ __forceinline__ void row_terms(const BwdRow<T, VEC, VPT>& now, const Chunks<W, VEC, VPT>& weight,
+                                          A (&xhat)[VPT][VEC], A (&g)[VPT][VEC], A& sum_g, A& sum_gx,
+                                          A (&dweight)[VPT][VEC], A (&dbias)[VPT][VEC]) {
+  sum_g = sum_gx = A(0);
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
 #pragma unroll
@@ -654,18 +648,23 @@ __device__ __forceinline__ void backprop_row(const NormBwdParams& p, const RowGr
       g[k][j] = dy * weight.get(k, j);
       sum_g += g[k][j];
       sum_gx += g[k][j] * xhat[k][j];
-      dweight[k][j] += dy * xhat[k][j];
-      if constexpr (!RMS) dbias[k][j] += dy;
+      if constexpr (ADD_COLUMNS) {
+        dweight[k][j] += dy * xhat[k][j];
+        if constexpr (!RMS) dbias[k][j] += dy;
+      }
     }
   }
-  A mean_g, mean_gx;
-  row_means<RMS>(group, sum_g, sum_gx, inv_cols, scratch, mean_g, mean_gx, row_sums);
-  after_reduction();
-  if (!valid) return;
-  T* dx_row = row_start(static_cast<T*>(p.dx), row * p.cols + col_begin);
+}
+
+// Writes the group's `cols` columns of a row's dx at dx_row, plus `extra` (the residual_out
+// gradient) when p has one.
+template <typename T, int VEC, int VPT, bool WARP_ROWS, typename A>
+__device__ __forceinline__ void write_dx(const NormBwdParams& p, const RowGroup<WARP_ROWS>& group, T* dx_row,
+                                         int cols, A rstd, const A (&xhat)[VPT][VEC], const A (&g)[VPT][VEC],
+                                         A mean_g, A mean_gx, const Chunks<T, VEC, VPT>& extra) {
   // One loop per case (uniform branch): adding a zero residual_out gradient would cost an add a
   // element (x + 0 is not x for x = -0, so the compiler keeps it).
-  const auto write_dx = [&](auto with_extra) {
+  const auto write = [&](auto with_extra) {
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
       const int col = (k * group.size + group.lane) * VEC;
@@ -673,7 +672,7 @@ __device__ __forceinline__ void backprop_row(const NormBwdParams& p, const RowGr
       AlignedVector<T, VEC> dx;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        A v = now.rstd * (g[k][j] - mean_g - xhat[k][j] * mean_gx);
+        A v = rstd * (g[k][j] - mean_g - xhat[k][j] * mean_gx);
         if constexpr (decltype(with_extra)::value) v += extra.get(k, j);
         dx.val[j] = from_acc<T>(v);
       }
@@ -681,10 +680,29 @@ __device__ __forceinline__ void backprop_row(const NormBwdParams& p, const RowGr
     }
   };
   if (p.dresidual_out != nullptr) {
-    write_dx(std::true_type{});
+    write(std::true_type{});
   } else {
-    write_dx(std::false_type{});
+    write(std::false_type{});
   }
+}
+
+// Backpropagates one row held in registers (`now`, with `extra` the residual_out gradient when
+// there is one): writes dx and adds the row's terms to the column sums `dweight` / `dbias`.
+// after_reduction() runs once every thread of the group has passed the row's reductions. Every
+// thread of the block calls it for every row step; an invalid row (rstd 0, zeros) adds nothing.
+template <bool RMS, typename T, typename W, int VEC, int VPT, bool WARP_ROWS, typename A, class AfterReduction>
+__device__ __forceinline__ void backprop_row(const NormBwdParams& p, const RowGroup<WARP_ROWS>& group, int64_t row,
+                                             bool valid, const BwdRow<T, VEC, VPT>& now,
+                                             const Chunks<T, VEC, VPT>& extra, const Chunks<W, VEC, VPT>& weight,
+                                             A (&dweight)[VPT][VEC], A (&dbias)[VPT][VEC], A (&scratch)[2][32],
+                                             int cols, A inv_cols, AfterReduction after_reduction) {
+  A xhat[VPT][VEC], g[VPT][VEC], sum_g, sum_gx;
+  row_terms<RMS, true>(now, weight, xhat, g, sum_g, sum_gx, dweight, dbias);
+  A mean_g, mean_gx;
+  row_means<RMS>(group, sum_g, sum_gx, inv_cols, scratch, mean_g, mean_gx);
+  after_reduction();
+  if (!valid) return;
+  write_dx(p, group, row_start(static_cast<T*>(p.dx), row * p.cols), cols, now.rstd, xhat, g, mean_g, mean_gx, extra);
 }
 
 // Backward, row held in registers; the weight and the block's column sums stay in registers
@@ -727,13 +745,17 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_bwd_kernel(const NormBwdPara
 // Backward rows whose bytes in flight would otherwise be bounded by the registers (one row ahead,
 // next to the column sums): a ring of shared-memory stages, each holding one row of x, dy and
 // (add_* variants) the gradient reaching residual_out, filled by bulk copies that thread 0 issues
-// as soon as the block is done reading a stage (after the row's reductions), so that several rows
-// per block stay in flight through the reductions and stores (see k{,Cluster}StagedSmBytes). Threads copy
-// their chunks of the current row from the stage into registers (the register rows' layout) and
-// run the register-row code on them; the weight and the block's column sums stay in registers.
+// as soon as the block is done reading a stage, so that several rows per block stay in flight
+// through the reductions and stores (see k{,Cluster}StagedSmBytes). Threads copy their chunks of
+// a row from its stage into registers (the register rows' layout); the weight and the block's
+// column sums stay in registers.
 // Rows too long for one block are split over a cluster of `cluster` blocks, block r owning the
 // slice_cols columns from r * slice_cols: the blocks add their row sums through distributed
-// shared memory (ClusterExchange), and partial row c of the column sums is cluster c's.
+// shared memory (ClusterExchange), and partial row c of the column sums is cluster c's. Their
+// loop is a software pipeline: a block reduces row i and sends its sums, then waits for row
+// i - 1's sums (sent an iteration earlier, so normally there already) and writes row i - 1's dx,
+// re-reading its x and dy from the stage. The exchange's latency and the cluster's blocks'
+// drift hide behind a row's work instead of stalling every row; two rows' stages are held.
 
 struct StagedRows {
   int stages;      // ring stages
@@ -741,6 +763,13 @@ struct StagedRows {
   int cluster;     // blocks per row
   int slice_cols;  // columns per block: cols / cluster, a multiple of the vector width
 };
+
+// Inboxes of the pipelined cluster rows: block B sends row m's sums once it has A's of row m - 2
+// (its wait in iteration m - 1), which A sent after reading row m - 4's inbox; A may still be
+// reading row m - 3's, and rows m - 2 and m - 1 may be pending: four rows, four inboxes.
+constexpr int kClusterRowSlots = 4;
+// Ring stages a pipelined cluster row needs: rows i - 1 and i held, and at least two in flight.
+constexpr int kClusterMinStages = 4;
 
 // This thread's chunks of a row slice held in shared memory at `slot` (zeros past its end).
 template <typename T, int VEC, int VPT>
@@ -759,8 +788,8 @@ __global__ void __launch_bounds__(kStagedThreads) norm_bwd_staged_kernel(const N
   extern __shared__ uint4 stage_storage[];
   __shared__ uint64_t full[kStagedMaxStages];
   __shared__ A scratch[2][32];
-  __shared__ float2 inbox[2][kMaxExchangeCluster];
-  __shared__ uint64_t exchange_bars[2];
+  __shared__ float2 inbox[kClusterRowSlots][kMaxExchangeCluster];
+  __shared__ uint64_t exchange_bars[kClusterRowSlots];
   const RowGroup<false> group;
   const int cluster = CLUSTER ? shape.cluster : 1;
   const int rank = CLUSTER ? static_cast<int>(blockIdx.x) % cluster : 0;
@@ -771,7 +800,7 @@ __global__ void __launch_bounds__(kStagedThreads) norm_bwd_staged_kernel(const N
   const int tensors = has_extra ? 3 : 2;
   const StageRing ring{reinterpret_cast<char*>(stage_storage), full, shape.stages, tensors * shape.slot_bytes};
   ring.init();
-  const ClusterExchange<float2> exchange{inbox, exchange_bars, cluster, rank};
+  const ClusterExchange<float2, kClusterRowSlots> exchange{inbox, exchange_bars, cluster, rank};
   if constexpr (CLUSTER) exchange.init();
   const uint32_t slice_bytes = static_cast<uint32_t>(cols * sizeof(T));
   auto fill = [&](int stage, int64_t row) {  // thread 0
@@ -802,35 +831,76 @@ __global__ void __launch_bounds__(kStagedThreads) norm_bwd_staged_kernel(const N
   A next_mean, next_rstd;
   load_row_stats<RMS>(p, first, next_mean, next_rstd);
   StagedCursor at;
-  // The blocks' sums of the row in rank order: the same bits in every block.
-  auto cluster_sums = [&](A& sum_g, A& sum_gx) {
-    if constexpr (CLUSTER) {
-      const float2* sums = exchange.exchange(make_float2(sum_g, sum_gx), at.parity, at.exchange_phase);
-      sum_g = sum_gx = 0;
-      for (int r = 0; r < cluster; ++r) {
-        sum_g += sums[r].x;
-        sum_gx += sums[r].y;
-      }
-    }
+  // A row's x and dy, and its residual_out gradient when there is one, from its stage.
+  const auto load_stage = [&](int stage, BwdRow<T, VEC, VPT>& r) {
+    load_staged_chunks(ring.stage(stage), group, cols, r.x);
+    load_staged_chunks(ring.stage(stage) + shape.slot_bytes, group, cols, r.dy);
   };
-  for (int64_t row = first; row < p.rows; row += step) {
-    BwdRow<T, VEC, VPT> now;
-    now.mean = next_mean;
-    now.rstd = next_rstd;
-    load_row_stats<RMS>(p, row + step, next_mean, next_rstd);
-    ring.wait(at.stage, at.phase);
-    const char* slot = ring.stage(at.stage);
-    load_staged_chunks(slot, group, cols, now.x);
-    load_staged_chunks(slot + shape.slot_bytes, group, cols, now.dy);
-    Chunks<T, VEC, VPT> extra;
-    if (has_extra) load_staged_chunks(slot + 2 * shape.slot_bytes, group, cols, extra);
-    backprop_row<RMS>(
-        p, group, row, true, now, extra, weight, dweight, dbias, scratch, cols, inv_cols,
-        [&] {
-          if (threadIdx.x == 0 && row + ahead < p.rows) fill(at.stage, row + ahead);
-        },
-        col_begin, cluster_sums);
-    at.next(shape.stages);
+  const auto load_extra = [&](int stage, Chunks<T, VEC, VPT>& extra) {
+    if (has_extra) load_staged_chunks(ring.stage(stage) + 2 * shape.slot_bytes, group, cols, extra);
+  };
+  const auto refill = [&](int stage, int64_t done_row) {  // once every thread is done reading it
+    if (threadIdx.x == 0 && done_row + ahead < p.rows) fill(stage, done_row + ahead);
+  };
+  if constexpr (CLUSTER) {
+    BwdRow<T, VEC, VPT> prev;  // the previous row's statistics (its operands are re-read)
+    StagedCursor prev_at;
+    ExchangeCursor<kClusterRowSlots> slot, prev_slot;
+    for (int64_t row = first;; row += step) {
+      const bool reduces = row < p.rows;
+      BwdRow<T, VEC, VPT> now;
+      if (reduces) {
+        now.mean = next_mean;
+        now.rstd = next_rstd;
+        load_row_stats<RMS>(p, row + step, next_mean, next_rstd);
+        ring.wait(at.stage, at.phase);
+        load_stage(at.stage, now);
+        A xhat[VPT][VEC], g[VPT][VEC], sum_g, sum_gx;
+        row_terms<RMS, false>(now, weight, xhat, g, sum_g, sum_gx, dweight, dbias);
+        group_sums<RMS>(group, sum_g, sum_gx, scratch);
+        // Past the reduction's barriers every thread is done with row - 2 * step (last iteration).
+        if (row - 2 * step >= first) refill((at.stage + shape.stages - 2) % shape.stages, row - 2 * step);
+        exchange.send(make_float2(sum_g, sum_gx), slot.slot);
+      }
+      if (row > first) {
+        const int64_t done = row - step;
+        // The blocks' sums of the row in rank order: the same bits in every block.
+        const float2* sums = exchange.wait(prev_slot.slot, prev_slot.phase);
+        A sum_g = 0, sum_gx = 0;
+        for (int r = 0; r < cluster; ++r) {
+          sum_g += sums[r].x;
+          sum_gx += sums[r].y;
+        }
+        Chunks<T, VEC, VPT> extra;
+        load_stage(prev_at.stage, prev);
+        load_extra(prev_at.stage, extra);
+        A xhat[VPT][VEC], g[VPT][VEC], unused_g, unused_gx;
+        row_terms<RMS, true>(prev, weight, xhat, g, unused_g, unused_gx, dweight, dbias);
+        write_dx(p, group, row_start(static_cast<T*>(p.dx), done * p.cols + col_begin), cols, prev.rstd, xhat, g,
+                 sum_g * inv_cols, sum_gx * inv_cols, extra);
+      }
+      if (!reduces) break;
+      prev.mean = now.mean;
+      prev.rstd = now.rstd;
+      prev_at = at;
+      at.next(shape.stages);
+      prev_slot = slot;
+      slot.next();
+    }
+  } else {
+    for (int64_t row = first; row < p.rows; row += step) {
+      BwdRow<T, VEC, VPT> now;
+      now.mean = next_mean;
+      now.rstd = next_rstd;
+      load_row_stats<RMS>(p, row + step, next_mean, next_rstd);
+      ring.wait(at.stage, at.phase);
+      Chunks<T, VEC, VPT> extra;
+      load_stage(at.stage, now);
+      load_extra(at.stage, extra);
+      backprop_row<RMS>(p, group, row, true, now, extra, weight, dweight, dbias, scratch, cols, inv_cols,
+                        [&] { refill(at.stage, row); });
+      at.next(shape.stages);
+    }
   }
   const int64_t partial_offset = first * p.cols + col_begin;
   if (p.weight_partial != nullptr)
@@ -1107,9 +1177,10 @@ StagedRows staged_bwd_shape(Kernel kernel, int64_t cols, int tensors, const Devi
   const int64_t fit = (device.max_shared - kStaticBytes) / stage_bytes;
   const int64_t blocks_per_sm = std::max(1, cached_blocks_per_sm(kernel, threads, 0));
   const int64_t sm_bytes = shape.cluster > 1 ? kClusterStagedSmBytes : kStagedSmBytes;
+  const int64_t min_stages = shape.cluster > 1 ? kClusterMinStages : 2;
   const int64_t stages =
-      std::min(fit, std::clamp<int64_t>(sm_bytes / (blocks_per_sm * stage_bytes), 2, kStagedMaxStages));
-  if (stages >= 2) {
+      std::min(fit, std::clamp<int64_t>(sm_bytes / (blocks_per_sm * stage_bytes), min_stages, kStagedMaxStages));
+  if (stages >= min_stages) {
     shape.stages = static_cast<int>(stages);
     shared_bytes = static_cast<int>(stages * stage_bytes);
   }

@@ -1361,10 +1361,10 @@ __global__ void __launch_bounds__(THREADS, kStagedBlocksPerSm<THREADS>)
       }
       // fmaxf skips NaN, but a NaN logit makes the sum NaN: the max carries it on, so the row is NaN.
       if (sum != sum) thread_max = sum;
-      MaxSum<A> total = staged_block_reduce(MaxSum<A>{thread_max, sum}, MaxSumOp<T>{}, scratch, at.parity, [&] {
+      MaxSum<A> total = staged_block_reduce(MaxSum<A>{thread_max, sum}, MaxSumOp<T>{}, scratch, at.exchange.slot, [&] {
         if (threadIdx.x == 0 && row + ahead < a.rows) fill(at.stage, row + ahead);
       });
-      total = cluster_exchange_reduce(exchange, total, MaxSumOp<T>{}, identity, at.parity, at.exchange_phase);
+      total = cluster_exchange_reduce(exchange, total, MaxSumOp<T>{}, identity, at.exchange.slot, at.exchange.phase);
       // A row without a finite logit has sum 0: probabilities 0, log-probabilities -inf.
       const A row_max = total.max == neg_inf<A>() ? A(0) : total.max;
       const A inv_sum = total.sum == A(0) ? A(0) : A(1) / total.sum;
@@ -1452,10 +1452,10 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_backward_kernel(Back
           sum += kLog ? g : g * to_acc(va[i].val[j]);
         }
       }
-      sum = staged_block_reduce(sum, SumOp{}, scratch, at.parity, [&] {
+      sum = staged_block_reduce(sum, SumOp{}, scratch, at.exchange.slot, [&] {
         if (threadIdx.x == 0 && row + ahead < a.rows) fill(at.stage, row + ahead);
       });
-      sum = cluster_exchange_reduce(exchange, sum, SumOp{}, A(0), at.parity, at.exchange_phase);
+      sum = cluster_exchange_reduce(exchange, sum, SumOp{}, A(0), at.exchange.slot, at.exchange.phase);
 #pragma unroll
       for (int i = 0; i < VECS; ++i) {
         opaque(va[i]);
