@@ -504,6 +504,19 @@ def test_gpu_fp16_large_sum_of_squares(kind):
 
 
 @gpu
+@pytest.mark.parametrize("n", [7, 512, 1500, 4096, 16384, 32768])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_layer_norm_large_mean_and_outliers(dtype, n):
+    """Rows whose mean dwarfs their spread, with an outlier column: statistics from E[x^2] -
+    mean^2, or merged with the wrong weights, lose the variance here."""
+    x = torch.randn(_rows_for(n), n, device="cuda") + 3000
+    x[:, 0] += 1e4
+    x = x.to(dtype)
+    w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
+    _check_norm("layer_norm", x, (n,), w, b)
+
+
+@gpu
 @pytest.mark.parametrize("n", [7, 512, 1024, 1500, 3001, 8192, 16384, 32768, 40000])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])

@@ -51,6 +51,12 @@ constexpr int kRmsBwdWarpRowsMaxChunks = 32;
 // against 81.2-82.2 prefetching; LayerNorm's (128 registers: x - mean kept in fp32) lost 5 points.
 constexpr int kLnFwdOneRowMaxChunks = 2048;
 constexpr int kRmsFwdOneRowMaxChunks = 4096;
+// LayerNorm forward statistics (warp rows / block rows): each thread's count, mean and sum of
+// squared deviations over its own elements (two passes over its registers), merged over the row
+// in one reduction (Chan et al.) rather than a reduction for the mean and then one for the
+// variance. Not yet timed on a GPU (session 8 had none).
+constexpr bool kLnFwdMergedMomentsWarpRows = false;
+constexpr bool kLnFwdMergedMomentsBlockRows = true;
 // Forward block rows, chunks per thread (2, 4 or 8; doubled up to 8 while the row needs more than
 // 512 threads) of each kind: more bytes in flight a thread vs more threads a row.
 constexpr int kFwdOneRowChunks = 4;
@@ -176,6 +182,59 @@ struct RowGroup {
     }
   }
 };
+
+// Count, mean and sum of squared deviations from the mean (m2) of a set of values.
+template <typename A> struct Moments {
+  A n, mean, m2;
+};
+
+// a / b for counts (b >= 1): fp32 through the approximate reciprocal (one MUFU, about an ulp off;
+// the IEEE division is a dozen instructions with a slow path), exact in fp64.
+__device__ __forceinline__ float count_ratio(float a, float b) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b));
+  return a * r;
+}
+__device__ __forceinline__ double count_ratio(double a, double b) { return a / b; }
+
+// The moments of the union of two disjoint sets (Chan, Golub and LeVeque): accurate whatever the
+// sets' means, where E[x^2] - mean^2 would cancel. The weight b.n / n is about an ulp off (fp32),
+// which moves the mean by about an ulp of the difference of the two means. Empty sets are fine.
+template <typename A> __device__ __forceinline__ Moments<A> merge_moments(const Moments<A>& a, const Moments<A>& b) {
+  const A n = a.n + b.n;
+  const A d = b.mean - a.mean;
+  const A w = count_ratio(b.n, n > A(1) ? n : A(1));
+  return {n, a.mean + d * w, a.m2 + b.m2 + d * d * a.n * w};
+}
+
+template <typename A, class Shfl> __device__ __forceinline__ Moments<A> shfl_moments(const Moments<A>& m, Shfl shfl) {
+  return {shfl(m.n), shfl(m.mean), shfl(m.m2)};
+}
+
+// The moments of a warp's lanes, in every lane: a tree into lane 0 (each step merges lane l with
+// lane l + offset, in that order), then broadcast, so every lane holds the same bits.
+template <typename A> __device__ __forceinline__ Moments<A> warp_merge_moments(Moments<A> m) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2)
+    m = merge_moments(m, shfl_moments(m, [&](A v) { return __shfl_down_sync(0xffffffffu, v, offset); }));
+  return shfl_moments(m, [](A v) { return __shfl_sync(0xffffffffu, v, 0); });
+}
+
+// The group's moments, in every thread (warp rows: shuffles only; block rows: the warps' moments
+// through `scratch`, then merged by every warp in warp order). Every thread of the block calls it.
+template <bool WARP_ROWS, typename A>
+__device__ __forceinline__ Moments<A> group_moments(Moments<A> m, Moments<A> (&scratch)[32]) {
+  m = warp_merge_moments(m);
+  if constexpr (!WARP_ROWS) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    if (lane == 0) scratch[warp] = m;
+    __syncthreads();
+    m = lane < static_cast<int>(blockDim.x / 32) ? scratch[lane] : Moments<A>{A(0), A(0), A(0)};
+    m = warp_merge_moments(m);
+    __syncthreads();  // scratch may be reused once every thread has read it
+  }
+  return m;
+}
 
 // The group's sums of g (LayerNorm only; 0 for RMSNorm) and g * xhat, in every thread.
 template <bool RMS, bool WARP_ROWS, typename A>
@@ -445,7 +504,9 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdPara
   // raw rows of 64 elements a thread (prefetch), where it would spill: the output then unpacks
   // and subtracts again from the raw row.
   constexpr bool kRecenterEachPass = PREFETCH && VPT * VEC > 32;
+  constexpr bool kMergedMoments = !RMS && (WARP_ROWS ? kLnFwdMergedMomentsWarpRows : kLnFwdMergedMomentsBlockRows);
   __shared__ A scratch[32];
+  __shared__ Moments<A> moments_scratch[32];
   const RowGroup<WARP_ROWS> group;
   const int cols = static_cast<int>(p.cols);
   const A inv_cols = A(1) / A(cols);
@@ -475,30 +536,67 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdPara
     }
     if constexpr (PREFETCH)
       load_fwd_row<ADD>(p, row + walk.step, row + walk.step < p.rows, group, cols, next_x, next_residual);
-    A sum = 0;
-#pragma unroll
-    for (int k = 0; k < VPT; ++k)
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) sum += x.get(k, j);
-    const A mean = RMS ? A(0) : group.sum(sum, scratch) * inv_cols;
-    if constexpr (kRecenterEachPass) forget_values(x);
+    // The row's mean (RMSNorm: 0) and sum of squares about it; without kRecenterEachPass,
+    // centered = x - mean for every element (also past the row's end) for the output.
+    A mean, squares;
     A centered[VPT][VEC];
-    A squares = 0;
+    if constexpr (kMergedMoments) {
+      A sum = 0;
+      int count = 0;
 #pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      if constexpr (!kRecenterEachPass) {
+      for (int k = 0; k < VPT; ++k) {
+        if ((k * group.size + group.lane) * VEC >= cols) continue;
+        count += VEC;
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) centered[k][j] = x.get(k, j) - mean;
+        for (int j = 0; j < VEC; ++j) sum += x.get(k, j);
       }
-      if ((k * group.size + group.lane) * VEC < cols) {
+      const A thread_mean = count_ratio(sum, A(count > 1 ? count : 1));
+      if constexpr (kRecenterEachPass) forget_values(x);
+      A m2 = 0;
+#pragma unroll
+      for (int k = 0; k < VPT; ++k) {
+        if ((k * group.size + group.lane) * VEC >= cols) continue;
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const A c = kRecenterEachPass ? x.get(k, j) - mean : centered[k][j];
-          squares += c * c;
+          const A c = x.get(k, j) - thread_mean;
+          m2 += c * c;
         }
       }
+      const Moments<A> moments = group_moments<WARP_ROWS>(Moments<A>{A(count), thread_mean, m2}, moments_scratch);
+      mean = moments.mean;
+      squares = moments.m2;
+      if constexpr (!kRecenterEachPass) {
+#pragma unroll
+        for (int k = 0; k < VPT; ++k)
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) centered[k][j] = x.get(k, j) - mean;
+      }
+    } else {
+      A sum = 0;
+#pragma unroll
+      for (int k = 0; k < VPT; ++k)
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) sum += x.get(k, j);
+      mean = RMS ? A(0) : group.sum(sum, scratch) * inv_cols;
+      if constexpr (kRecenterEachPass) forget_values(x);
+      squares = 0;
+#pragma unroll
+      for (int k = 0; k < VPT; ++k) {
+        if constexpr (!kRecenterEachPass) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) centered[k][j] = x.get(k, j) - mean;
+        }
+        if ((k * group.size + group.lane) * VEC < cols) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            const A c = kRecenterEachPass ? x.get(k, j) - mean : centered[k][j];
+            squares += c * c;
+          }
+        }
+      }
+      squares = group.sum(squares, scratch);
     }
-    const A rstd = inv_sqrt(group.sum(squares, scratch) * inv_cols + A(p.eps));
+    const A rstd = inv_sqrt(squares * inv_cols + A(p.eps));
     if (!valid) continue;
     if constexpr (kRecenterEachPass) forget_values(x);
     if (group.lane == 0) store_stats(p, row, mean, rstd, RMS);
