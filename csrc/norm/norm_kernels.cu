@@ -120,7 +120,7 @@ static_assert(kRmsBwdRegisterSumsChunks == 1 || kRmsBwdRegisterSumsChunks == 2);
 static_assert(kBwdSharedSumsChunks == 2 || kBwdSharedSumsChunks == 4);
 static_assert(kBwdStagedChunks == 1 || kBwdStagedChunks == 2);
 static_assert(kBwdStagedMaxCluster >= 1 && kBwdStagedMaxCluster <= 8);  // portable cluster sizes
-static_assert(kStagedMaxStages >= 4);  // kClusterMinStages
+static_assert(kStagedMaxStages >= 3);  // kClusterMinStages
 
 constexpr int kMaxThreads = 1024;
 constexpr int kWarpRowsThreads = 128;  // one warp per row: 4 rows per block
@@ -866,8 +866,8 @@ struct StagedRows {
 // (its wait in iteration m - 1), which A sent after reading row m - 4's inbox; A may still be
 // reading row m - 3's, and rows m - 2 and m - 1 may be pending: four rows, four inboxes.
 constexpr int kClusterRowSlots = 4;
-// Ring stages a pipelined cluster row needs: rows i - 1 and i held, and at least two in flight.
-constexpr int kClusterMinStages = 4;
+// Ring stages a pipelined cluster row needs: rows i - 1 and i held, and one in flight.
+constexpr int kClusterMinStages = 3;
 
 // This thread's chunks of a row slice held in shared memory at `slot` (zeros past its end).
 template <typename T, int VEC, int VPT>
