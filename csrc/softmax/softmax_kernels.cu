@@ -1126,6 +1126,16 @@ constexpr int kStagedForwardThreads = 256;
 // the ring's share).
 template <int THREADS> constexpr int kStagedBlocksPerSm = kStagedThreads / THREADS;
 constexpr bool kNarrowStagedForward = true;  // false: the forward holds wide chunks only
+// Cluster rows of the staged forward as a software pipeline (staged_forward_kernel, PIPELINED):
+// a block reduces row i and sends its (max, sum), then waits for row i - 1's (sent an iteration
+// earlier) and writes row i - 1 from its stage, so the exchange's latency and the cluster's
+// drift hide behind a row's work; rows i - 1 and i are held (three stages: one in flight) and
+// the output recomputes its exps from the stage. Not yet timed on a GPU (session 8 had none).
+constexpr bool kPipelinedStagedForward = false;
+// Inboxes of pipelined cluster rows (see kClusterRowSlots in norm_kernels.cu: four rows may be
+// between a block's send and another block's read) and the stages they need.
+constexpr int kPipelinedSlots = 4;
+constexpr int kPipelinedMinStages = 3;
 constexpr int kMaxStages = 16;
 constexpr int kStagedMaxCluster = kMaxExchangeCluster;
 // 16-bit rows take the thread's max logit over the raw packed pairs (one __hmax2 per two
@@ -1238,15 +1248,20 @@ __device__ __forceinline__ void send_async(uint32_t addr, uint32_t bar, MaxSum<f
 #endif
 }
 
-// The cluster's reduction of one value per block and row (see ClusterExchange): every group of
-// kMaxExchangeCluster lanes reduces all the blocks' values, in the same order.
+// The reduction of an inbox of the cluster's blocks' values (see ClusterExchange): every group of
+// kMaxExchangeCluster lanes reduces all of them, in the same order.
 template <typename V, class Op>
-__device__ __forceinline__ V cluster_exchange_reduce(const ClusterExchange<V>& exchange, V value, Op op, V identity,
-                                                     int parity, uint32_t phase) {
-  if (exchange.cluster == 1) return value;
-  const V* inbox = exchange.exchange(value, parity, phase);
+__device__ __forceinline__ V inbox_reduce(const V* inbox, int cluster, Op op, V identity) {
   const int from = threadIdx.x % kMaxExchangeCluster;
-  return warp_all_reduce<kMaxExchangeCluster>(from < exchange.cluster ? inbox[from] : identity, op);
+  return warp_all_reduce<kMaxExchangeCluster>(from < cluster ? inbox[from] : identity, op);
+}
+
+// The cluster's reduction of one value per block and row.
+template <typename V, class Op, int SLOTS>
+__device__ __forceinline__ V cluster_exchange_reduce(const ClusterExchange<V, SLOTS>& exchange, V value, Op op,
+                                                     V identity, int parity, uint32_t phase) {
+  if (exchange.cluster == 1) return value;
+  return inbox_reduce(exchange.exchange(value, parity, phase), exchange.cluster, op, identity);
 }
 
 // The frame of a staged kernel: thread 0 fills the ring's first stages with the block's first
@@ -1268,23 +1283,25 @@ __device__ __forceinline__ void run_staged_rows(const StagedSlice<T, VECS, THREA
 }
 #endif
 
-// THREADS: kStagedThreads (one block an SM) or kStagedForwardThreads (several).
-template <typename T, int VECS, int THREADS>
+// THREADS: kStagedThreads (one block an SM) or kStagedForwardThreads (several). PIPELINED: cluster
+// rows as a software pipeline (kPipelinedStagedForward).
+template <typename T, int VECS, int THREADS, bool PIPELINED>
 __global__ void __launch_bounds__(THREADS, kStagedBlocksPerSm<THREADS>)
     staged_forward_kernel(ForwardArgs<T> a, StagedShape shape) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using A = acc_t<T>;
   constexpr int VEC = kVec16<T>;
   using Vec = AlignedVector<T, VEC>;
+  constexpr int kSlots = PIPELINED ? kPipelinedSlots : 2;
   extern __shared__ uint4 stage_storage[];
   __shared__ uint64_t full[kMaxStages];
   __shared__ MaxSum<A> scratch[2][THREADS / 32];
-  __shared__ alignas(2 * sizeof(A)) MaxSum<A> inbox[2][kStagedMaxCluster];  // st.async.v2: 8-byte aligned
-  __shared__ uint64_t exchange_bars[2];
+  __shared__ alignas(2 * sizeof(A)) MaxSum<A> inbox[kSlots][kStagedMaxCluster];  // st.async.v2: 8-byte aligned
+  __shared__ uint64_t exchange_bars[kSlots];
   const StagedSlice<T, VECS, THREADS> slice(a.cols, shape.cluster);
   const StageRing ring{reinterpret_cast<char*>(stage_storage), full, shape.stages, shape.tensor_bytes};
   ring.init();
-  const ClusterExchange<MaxSum<A>> exchange{inbox, exchange_bars, slice.cluster, slice.rank};
+  const ClusterExchange<MaxSum<A>, kSlots> exchange{inbox, exchange_bars, slice.cluster, slice.rank};
   exchange.init();
   const uint32_t bytes = static_cast<uint32_t>(slice.len * sizeof(T));
   auto fill = [&](int stage, int64_t row) {  // thread 0
@@ -1300,41 +1317,80 @@ __global__ void __launch_bounds__(THREADS, kStagedBlocksPerSm<THREADS>)
   // A zero or non-finite scale makes NaN logits of non-NaN inputs: those take the element-wise max.
   constexpr bool kPacked = kPackedMax && sizeof(T) == 2;
   const bool packed_max = kPacked && isfinite(a.scale) && a.scale != A(0);
-  auto rows = [&](auto log_tag) {
-    constexpr bool kLog = decltype(log_tag)::value;
-    StagedCursor at;
-    for (int64_t row = slice.first; row < a.rows; row += slice.step) {
-      ring.wait(at.stage, at.phase);
-      const T* chunk = reinterpret_cast<const T*>(ring.stage(at.stage));
-      // With the packed max the vectors are loaded as 32-bit words: loaded as 16-bit elements,
-      // ptxas kept one element a register and repacked the pairs (spills).
-      Vec v[VECS];
-      [[maybe_unused]] PackedWords words[kPacked ? VECS : 1];
+  // The thread's vectors of the row in `stage`. With the packed max they are loaded as 32-bit
+  // words: loaded as 16-bit elements, ptxas kept one element a register and repacked the pairs
+  // (spills).
+  using Words = PackedWords[kPacked ? VECS : 1];
+  auto load_row = [&](int stage, Vec (&v)[VECS], Words& words) {
+    const T* chunk = reinterpret_cast<const T*>(ring.stage(stage));
+#pragma unroll
+    for (int i = 0; i < VECS; ++i) {
+      if (slice.column(i) >= slice.len) continue;
+      if constexpr (kPacked) {
+        words[i] = load_vector<uint32_t, 4>(reinterpret_cast<const uint32_t*>(chunk + slice.column(i)));
+      } else {
+        v[i] = load_vector<T, VEC>(chunk + slice.column(i));
+      }
+    }
+    if constexpr (kPacked) {
+#pragma unroll
+      for (int i = 0; i < VECS; ++i) memcpy(&v[i], &words[i], sizeof(Vec));
+    }
+  };
+  // The thread's max logit (-inf if it has none).
+  auto max_logit = [&](const Vec (&v)[VECS], const Words& words) {
+    A thread_max = neg_inf<A>();
+    if (packed_max) {
+      if constexpr (kPacked) thread_max = packed_max_logit(slice, words, a.scale);
+    } else {
 #pragma unroll
       for (int i = 0; i < VECS; ++i) {
         if (slice.column(i) >= slice.len) continue;
-        if constexpr (kPacked) {
-          words[i] = load_vector<uint32_t, 4>(reinterpret_cast<const uint32_t*>(chunk + slice.column(i)));
-        } else {
-          v[i] = load_vector<T, VEC>(chunk + slice.column(i));
-        }
-      }
-      if constexpr (kPacked) {
 #pragma unroll
-        for (int i = 0; i < VECS; ++i) memcpy(&v[i], &words[i], sizeof(Vec));
+        for (int j = 0; j < VEC; ++j) thread_max = fmaxf(thread_max, logit(v[i].val[j]));
       }
+    }
+    return thread_max;
+  };
+  // Writes the thread's outputs of `row`, value(i, j) for element j of vector i.
+  auto store_row = [&](int64_t row, auto value) {
+    T* out = a.out + row * a.cols + slice.begin;
+#pragma unroll
+    for (int i = 0; i < VECS; ++i) {
+      if (slice.column(i) >= slice.len) continue;
+      Vec y;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) y.val[j] = from_acc<T>(value(i, j));
+      store_vector<T, VEC>(out + slice.column(i), y);
+    }
+  };
+  // A row's max and sum over the cluster, as what the output needs: the max (0 for a row without
+  // a finite logit, whose sum is 0: probabilities 0, log-probabilities -inf), 1 / sum, log(sum).
+  struct Totals {
+    A row_max, inv_sum, log_sum;
+  };
+  auto totals = [&](MaxSum<A> total, auto log_tag) {
+    constexpr bool kLog = decltype(log_tag)::value;
+    return Totals{total.max == neg_inf<A>() ? A(0) : total.max, total.sum == A(0) ? A(0) : A(1) / total.sum,
+                  kLog ? (total.sum == A(0) ? pos_inf<A>() : logf(total.sum)) : A(0)};
+  };
+  auto recomputed = [&](const Vec (&v)[VECS], const Totals& t, auto log_tag) {
+    constexpr bool kLog = decltype(log_tag)::value;
+    return [&, t](int i, int j) {
+      const A shifted = logit(v[i].val[j]) - t.row_max;
+      return kLog ? shifted - t.log_sum : exp_acc<T>(shifted) * t.inv_sum;
+    };
+  };
+  auto rows = [&](auto log_tag) {
+    [[maybe_unused]] constexpr bool kLog = decltype(log_tag)::value;
+    StagedCursor at;
+    for (int64_t row = slice.first; row < a.rows; row += slice.step) {
+      ring.wait(at.stage, at.phase);
+      Vec v[VECS];
+      [[maybe_unused]] Words words;
+      load_row(at.stage, v, words);
       // The thread's max logit, then its sum of exp(logit - that max).
-      A thread_max = neg_inf<A>();
-      if (packed_max) {
-        if constexpr (kPacked) thread_max = packed_max_logit(slice, words, a.scale);
-      } else {
-#pragma unroll
-        for (int i = 0; i < VECS; ++i) {
-          if (slice.column(i) >= slice.len) continue;
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) thread_max = fmaxf(thread_max, logit(v[i].val[j]));
-        }
-      }
+      A thread_max = max_logit(v, words);
       const bool thread_empty = thread_max == neg_inf<A>();
       const A shift = thread_empty ? A(0) : thread_max;
       // 16-bit rows keep exp(logit - thread max) (log_softmax: logit - thread max) in fp32
@@ -1365,40 +1421,71 @@ __global__ void __launch_bounds__(THREADS, kStagedBlocksPerSm<THREADS>)
         if (threadIdx.x == 0 && row + ahead < a.rows) fill(at.stage, row + ahead);
       });
       total = cluster_exchange_reduce(exchange, total, MaxSumOp<T>{}, identity, at.exchange.slot, at.exchange.phase);
-      // A row without a finite logit has sum 0: probabilities 0, log-probabilities -inf.
-      const A row_max = total.max == neg_inf<A>() ? A(0) : total.max;
-      const A inv_sum = total.sum == A(0) ? A(0) : A(1) / total.sum;
-      const A log_sum = kLog ? (total.sum == A(0) ? pos_inf<A>() : logf(total.sum)) : A(0);
-      // Kept values: exp(logit - shift) * factor = exp(logit - row max) / sum, and
-      // (logit - shift) - offset = logit - row max - log(sum).
-      [[maybe_unused]] const A factor = thread_empty ? A(0) : exp_acc<T>(shift - row_max) * inv_sum;
-      [[maybe_unused]] const A offset = (row_max - shift) + log_sum;
-      if constexpr (!kKeep) {
+      const Totals t = totals(total, log_tag);
+      if constexpr (kKeep) {
+        // Kept values: exp(logit - shift) * factor = exp(logit - row max) / sum, and
+        // (logit - shift) - offset = logit - row max - log(sum).
+        const A factor = thread_empty ? A(0) : exp_acc<T>(shift - t.row_max) * t.inv_sum;
+        const A offset = (t.row_max - shift) + t.log_sum;
+        store_row(row, [&](int i, int j) { return kLog ? kept[i][j] - offset : kept[i][j] * factor; });
+      } else {
 #pragma unroll
         for (int i = 0; i < VECS; ++i) opaque(v[i]);
-      }
-      T* out = a.out + row * a.cols + slice.begin;
-#pragma unroll
-      for (int i = 0; i < VECS; ++i) {
-        if (slice.column(i) >= slice.len) continue;
-        Vec y;
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          A value;
-          if constexpr (kKeep) {
-            value = kLog ? kept[i][j] - offset : kept[i][j] * factor;
-          } else {
-            const A shifted = logit(v[i].val[j]) - row_max;
-            value = kLog ? shifted - log_sum : exp_acc<T>(shifted) * inv_sum;
-          }
-          y.val[j] = from_acc<T>(value);
-        }
-        store_vector<T, VEC>(out + slice.column(i), y);
+        store_row(row, recomputed(v, t, log_tag));
       }
       at.next(shape.stages);
     }
   };
-  run_staged_rows(slice, shape.stages, a.rows, a.log, fill, rows);
+  // PIPELINED: iteration i reduces row i and sends its (max, sum), then waits for row i - 1's
+  // and writes it, re-reading its stage. The stage of row i - 2 is refilled past row i's barrier.
+  auto pipelined_rows = [&](auto log_tag) {
+    StagedCursor at, prev_at;
+    ExchangeCursor<kSlots> slot, prev_slot;
+    for (int64_t row = slice.first;; row += slice.step) {
+      const bool reduces = row < a.rows;
+      if (reduces) {
+        ring.wait(at.stage, at.phase);
+        Vec v[VECS];
+        [[maybe_unused]] Words words;
+        load_row(at.stage, v, words);
+        A thread_max = max_logit(v, words);
+        const A shift = thread_max == neg_inf<A>() ? A(0) : thread_max;
+        A sum = 0;
+#pragma unroll
+        for (int i = 0; i < VECS; ++i) {
+          if (slice.column(i) >= slice.len) continue;
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) sum += exp_acc<T>(logit(v[i].val[j]) - shift);
+        }
+        if (sum != sum) thread_max = sum;  // as in rows()
+        const int64_t done = row - 2 * slice.step;
+        const int done_stage = (at.stage + shape.stages - 2) % shape.stages;
+        const MaxSum<A> total =
+            staged_block_reduce(MaxSum<A>{thread_max, sum}, MaxSumOp<T>{}, scratch, at.exchange.slot, [&] {
+              if (threadIdx.x == 0 && done >= slice.first && done + ahead < a.rows) fill(done_stage, done + ahead);
+            });
+        exchange.send(total, slot.slot);
+      }
+      if (row > slice.first) {
+        const MaxSum<A> total =
+            inbox_reduce(exchange.wait(prev_slot.slot, prev_slot.phase), slice.cluster, MaxSumOp<T>{}, identity);
+        Vec v[VECS];
+        [[maybe_unused]] Words words;
+        load_row(prev_at.stage, v, words);
+        store_row(row - slice.step, recomputed(v, totals(total, log_tag), log_tag));
+      }
+      if (!reduces) break;
+      prev_at = at;
+      at.next(shape.stages);
+      prev_slot = slot;
+      slot.next();
+    }
+  };
+  if constexpr (PIPELINED) {
+    run_staged_rows(slice, shape.stages, a.rows, a.log, fill, pipelined_rows);
+  } else {
+    run_staged_rows(slice, shape.stages, a.rows, a.log, fill, rows);
+  }
 #endif
 }
 
@@ -1634,13 +1721,15 @@ cudaError_t launch_cluster_wave(Kernel kernel, int64_t rows, int cluster, int th
 // its share of kStagedRingBytes as its stage ring, in dynamic shared memory), each looping over
 // rows, or one cluster per row when there are fewer rows.
 template <typename T, int VECS, int THREADS, class Kernel, class Args>
-cudaError_t launch_staged(Kernel kernel, const Args& args, int cluster, int tensors, cudaStream_t stream) {
+cudaError_t launch_staged(Kernel kernel, const Args& args, int cluster, int tensors, cudaStream_t stream,
+                          int min_stages = 1) {
   StagedShape shape;
   shape.cluster = cluster;
   const int64_t chunk_bytes = int64_t(THREADS) * VECS * 16;
   shape.tensor_bytes = static_cast<int>((std::min<int64_t>(chunk_bytes, args.cols * int64_t(sizeof(T))) + 127) / 128 * 128);
   const int ring_bytes = kStagedRingBytes / kStagedBlocksPerSm<THREADS>;
   shape.stages = std::min(kMaxStages, ring_bytes / (tensors * shape.tensor_bytes));
+  if (shape.stages < min_stages) return cudaErrorNotSupported;
   const int shared_bytes = shape.stages * tensors * shape.tensor_bytes;
   return launch_cluster_wave(kernel, args.rows, cluster, THREADS, shared_bytes, stream, args, shape);
 }
@@ -1760,8 +1849,13 @@ template <typename T, bool MASKED, bool BACKWARD> struct RowLaunch {
     } else if constexpr (BACKWARD) {
       return launch_staged<T, VECS, THREADS>(staged_backward_kernel<T, VECS>, args, plan.cluster, kTensors, stream);
     } else {
-      return launch_staged<T, VECS, THREADS>(staged_forward_kernel<T, VECS, THREADS>, args, plan.cluster, kTensors,
-                                             stream);
+      if (kPipelinedStagedForward && plan.cluster > 1) {
+        const cudaError_t err = launch_staged<T, VECS, THREADS>(staged_forward_kernel<T, VECS, THREADS, true>, args,
+                                                                plan.cluster, kTensors, stream, kPipelinedMinStages);
+        if (err != cudaErrorNotSupported) return err;
+      }
+      return launch_staged<T, VECS, THREADS>(staged_forward_kernel<T, VECS, THREADS, false>, args, plan.cluster,
+                                             kTensors, stream);
     }
   }
   template <int G, int VEC, bool CACHE> cudaError_t streamed() const {
