@@ -1131,7 +1131,7 @@ constexpr bool kNarrowStagedForward = true;  // false: the forward holds wide ch
 // earlier) and writes row i - 1 from its stage, so the exchange's latency and the cluster's
 // drift hide behind a row's work; rows i - 1 and i are held (three stages: one in flight) and
 // the output recomputes its exps from the stage. Not yet timed on a GPU (session 8 had none).
-constexpr bool kPipelinedStagedForward = false;
+constexpr bool kPipelinedStagedForward = true;
 // Inboxes of pipelined cluster rows (see kClusterRowSlots in norm_kernels.cu: four rows may be
 // between a block's send and another block's read) and the stages they need.
 constexpr int kPipelinedSlots = 4;
