@@ -1126,12 +1126,14 @@ constexpr int kStagedForwardThreads = 256;
 // the ring's share).
 template <int THREADS> constexpr int kStagedBlocksPerSm = kStagedThreads / THREADS;
 constexpr bool kNarrowStagedForward = true;  // false: the forward holds wide chunks only
-// Cluster rows of the staged forward as a software pipeline (staged_forward_kernel, PIPELINED):
-// a block reduces row i and sends its (max, sum), then waits for row i - 1's (sent an iteration
-// earlier) and writes row i - 1 from its stage, so the exchange's latency and the cluster's
-// drift hide behind a row's work; rows i - 1 and i are held (three stages: one in flight) and
-// the output recomputes its exps from the stage. Not yet timed on a GPU (session 8 had none).
+// Cluster rows of the staged forward / backward as a software pipeline (staged_{forward,backward}
+// _kernel, PIPELINED): a block reduces row i and sends its (max, sum) / sum, then waits for row
+// i - 1's (sent an iteration earlier) and writes row i - 1 from its stage, so the exchange's
+// latency and the cluster's drift hide behind a row's work; rows i - 1 and i are held (three
+// stages: one in flight) and the forward's output recomputes its exps from the stage. Not yet
+// timed on a GPU (session 8 had none).
 constexpr bool kPipelinedStagedForward = true;
+constexpr bool kPipelinedStagedBackward = true;
 // Inboxes of pipelined cluster rows (see kClusterRowSlots in norm_kernels.cu: four rows may be
 // between a block's send and another block's read) and the stages they need.
 constexpr int kPipelinedSlots = 4;
@@ -1489,22 +1491,24 @@ __global__ void __launch_bounds__(THREADS, kStagedBlocksPerSm<THREADS>)
 #endif
 }
 
-template <typename T, int VECS>
+// PIPELINED: cluster rows as a software pipeline (kPipelinedStagedBackward).
+template <typename T, int VECS, bool PIPELINED>
 __global__ void __launch_bounds__(kStagedThreads, 1) staged_backward_kernel(BackwardArgs<T> a, StagedShape shape) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using A = acc_t<T>;
   constexpr int VEC = kVec16<T>;
   using Vec = AlignedVector<T, VEC>;
+  constexpr int kSlots = PIPELINED ? kPipelinedSlots : 2;
   extern __shared__ uint4 stage_storage[];
   __shared__ uint64_t full[kMaxStages];
   __shared__ A scratch[2][kStagedThreads / 32];
-  __shared__ A inbox[2][kStagedMaxCluster];
-  __shared__ uint64_t exchange_bars[2];
+  __shared__ A inbox[kSlots][kStagedMaxCluster];
+  __shared__ uint64_t exchange_bars[kSlots];
   const StagedSlice<T, VECS, kStagedThreads> slice(a.cols, shape.cluster);
   // A stage holds the block's chunk of `a` (y), then its chunk of dy.
   const StageRing ring{reinterpret_cast<char*>(stage_storage), full, shape.stages, 2 * shape.tensor_bytes};
   ring.init();
-  const ClusterExchange<A> exchange{inbox, exchange_bars, slice.cluster, slice.rank};
+  const ClusterExchange<A, kSlots> exchange{inbox, exchange_bars, slice.cluster, slice.rank};
   exchange.init();
   const uint32_t bytes = static_cast<uint32_t>(slice.len * sizeof(T));
   auto fill = [&](int stage, int64_t row) {  // thread 0
@@ -1513,33 +1517,60 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_backward_kernel(Back
     ring.copy(stage, ring.stage(stage) + shape.tensor_bytes, a.dy + row * a.dy_row_stride + slice.begin, bytes);
   };
   const int64_t ahead = static_cast<int64_t>(shape.stages) * slice.step;
+  // Vector i of the thread's chunk of tensor t (0: y, 1: dy) of the row in `stage`.
+  auto stage_vector = [&](int stage, int t, int i) {
+    return load_vector<T, VEC>(reinterpret_cast<const T*>(ring.stage(stage) + t * shape.tensor_bytes) +
+                               slice.column(i));
+  };
   // softmax: dx = scale * y * (dy - sum(dy * y)); log_softmax: dx = scale * (dy - exp(y) * sum(dy)).
-  auto rows = [&](auto log_tag) {
+  // y_of(i) / dy_of(i): the thread's vector i of each.
+  auto thread_sum = [&](auto y_of, auto dy_of, auto log_tag) {
     constexpr bool kLog = decltype(log_tag)::value;
+    A sum = 0;
+#pragma unroll
+    for (int i = 0; i < VECS; ++i) {
+      if (slice.column(i) >= slice.len) continue;
+      const Vec va = y_of(i), vdy = dy_of(i);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const A g = to_acc(vdy.val[j]);
+        sum += kLog ? g : g * to_acc(va.val[j]);
+      }
+    }
+    return sum;
+  };
+  auto store_row = [&](int64_t row, auto y_of, auto dy_of, A sum, auto log_tag) {
+    constexpr bool kLog = decltype(log_tag)::value;
+    T* dx = a.dx + row * a.cols + slice.begin;
+#pragma unroll
+    for (int i = 0; i < VECS; ++i) {
+      if (slice.column(i) >= slice.len) continue;
+      const Vec va = y_of(i), vdy = dy_of(i);
+      Vec out;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const A y = to_acc(va.val[j]), g = to_acc(vdy.val[j]);
+        out.val[j] = from_acc<T>(kLog ? a.scale * (g - exp_acc<T>(y) * sum) : a.scale * y * (g - sum));
+      }
+      store_vector<T, VEC>(dx + slice.column(i), out);
+    }
+  };
+  auto rows = [&](auto log_tag) {
     StagedCursor at;
     for (int64_t row = slice.first; row < a.rows; row += slice.step) {
       ring.wait(at.stage, at.phase);
-      const T* chunk_a = reinterpret_cast<const T*>(ring.stage(at.stage));
-      const T* chunk_dy = reinterpret_cast<const T*>(ring.stage(at.stage) + shape.tensor_bytes);
+      // Every vector in registers before the reduction, whose barrier frees the stage.
       Vec va[VECS], vdy[VECS];
 #pragma unroll
       for (int i = 0; i < VECS; ++i) {
         if (slice.column(i) < slice.len) {
-          va[i] = load_vector<T, VEC>(chunk_a + slice.column(i));
-          vdy[i] = load_vector<T, VEC>(chunk_dy + slice.column(i));
+          va[i] = stage_vector(at.stage, 0, i);
+          vdy[i] = stage_vector(at.stage, 1, i);
         }
       }
-      A sum = 0;
-#pragma unroll
-      for (int i = 0; i < VECS; ++i) {
-        if (slice.column(i) >= slice.len) continue;
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const A g = to_acc(vdy[i].val[j]);
-          sum += kLog ? g : g * to_acc(va[i].val[j]);
-        }
-      }
-      sum = staged_block_reduce(sum, SumOp{}, scratch, at.exchange.slot, [&] {
+      const auto y_of = [&](int i) { return va[i]; };
+      const auto dy_of = [&](int i) { return vdy[i]; };
+      A sum = staged_block_reduce(thread_sum(y_of, dy_of, log_tag), SumOp{}, scratch, at.exchange.slot, [&] {
         if (threadIdx.x == 0 && row + ahead < a.rows) fill(at.stage, row + ahead);
       });
       sum = cluster_exchange_reduce(exchange, sum, SumOp{}, A(0), at.exchange.slot, at.exchange.phase);
@@ -1548,22 +1579,46 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_backward_kernel(Back
         opaque(va[i]);
         opaque(vdy[i]);
       }
-      T* dx = a.dx + row * a.cols + slice.begin;
-#pragma unroll
-      for (int i = 0; i < VECS; ++i) {
-        if (slice.column(i) >= slice.len) continue;
-        Vec out;
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const A y = to_acc(va[i].val[j]), g = to_acc(vdy[i].val[j]);
-          out.val[j] = from_acc<T>(kLog ? a.scale * (g - exp_acc<T>(y) * sum) : a.scale * y * (g - sum));
-        }
-        store_vector<T, VEC>(dx + slice.column(i), out);
-      }
+      store_row(row, y_of, dy_of, sum, log_tag);
       at.next(shape.stages);
     }
   };
-  run_staged_rows(slice, shape.stages, a.rows, a.log, fill, rows);
+  // PIPELINED: as the forward's (staged_forward_kernel): reduce and send row i, then wait for row
+  // i - 1's sum and write its dx from its stage; row i - 2's stage is refilled past row i's barrier.
+  auto pipelined_rows = [&](auto log_tag) {
+    StagedCursor at, prev_at;
+    ExchangeCursor<kSlots> slot, prev_slot;
+    for (int64_t row = slice.first;; row += slice.step) {
+      const bool reduces = row < a.rows;
+      // Both passes read the stage vector by vector (it is held until the next row's barrier).
+      if (reduces) {
+        ring.wait(at.stage, at.phase);
+        const int64_t done = row - 2 * slice.step;
+        const int done_stage = (at.stage + shape.stages - 2) % shape.stages;
+        const A thread = thread_sum([&](int i) { return stage_vector(at.stage, 0, i); },
+                                    [&](int i) { return stage_vector(at.stage, 1, i); }, log_tag);
+        const A sum = staged_block_reduce(thread, SumOp{}, scratch, at.exchange.slot, [&] {
+          if (threadIdx.x == 0 && done >= slice.first && done + ahead < a.rows) fill(done_stage, done + ahead);
+        });
+        exchange.send(sum, slot.slot);
+      }
+      if (row > slice.first) {
+        const A sum = inbox_reduce(exchange.wait(prev_slot.slot, prev_slot.phase), slice.cluster, SumOp{}, A(0));
+        store_row(row - slice.step, [&](int i) { return stage_vector(prev_at.stage, 0, i); },
+                  [&](int i) { return stage_vector(prev_at.stage, 1, i); }, sum, log_tag);
+      }
+      if (!reduces) break;
+      prev_at = at;
+      at.next(shape.stages);
+      prev_slot = slot;
+      slot.next();
+    }
+  };
+  if constexpr (PIPELINED) {
+    run_staged_rows(slice, shape.stages, a.rows, a.log, fill, pipelined_rows);
+  } else {
+    run_staged_rows(slice, shape.stages, a.rows, a.log, fill, rows);
+  }
 #endif
 }
 
@@ -1847,7 +1902,13 @@ template <typename T, bool MASKED, bool BACKWARD> struct RowLaunch {
     if constexpr (MASKED || !kBuilt) {
       return cudaErrorNotSupported;
     } else if constexpr (BACKWARD) {
-      return launch_staged<T, VECS, THREADS>(staged_backward_kernel<T, VECS>, args, plan.cluster, kTensors, stream);
+      if (kPipelinedStagedBackward && plan.cluster > 1) {
+        const cudaError_t err = launch_staged<T, VECS, THREADS>(staged_backward_kernel<T, VECS, true>, args,
+                                                                plan.cluster, kTensors, stream, kPipelinedMinStages);
+        if (err != cudaErrorNotSupported) return err;
+      }
+      return launch_staged<T, VECS, THREADS>(staged_backward_kernel<T, VECS, false>, args, plan.cluster, kTensors,
+                                             stream);
     } else {
       if (kPipelinedStagedForward && plan.cluster > 1) {
         const cudaError_t err = launch_staged<T, VECS, THREADS>(staged_forward_kernel<T, VECS, THREADS, true>, args,
