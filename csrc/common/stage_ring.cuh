@@ -181,4 +181,39 @@ struct StagedCursor {
   }
 };
 
+// The software pipeline of staged cluster rows first, first + step, ... (below `rows`): iteration
+// i runs reduce(row i, its cursor, its inbox) -- read the row from its stage, reduce it over the
+// block, send the block's partial to the cluster -- then finish(row i - 1, its cursor, its inbox,
+// what reduce returned for it) -- wait for that inbox and write the row from its stage -- so a
+// row's exchange has a whole row's work to arrive in. Rows i - 1 and i are held: a ring of at
+// least three stages, and reduce refills the stage of row i - 2 after its block barrier. A
+// block B sends row m's partial once it has every partial of row m - 2 (its finish in iteration
+// m - 1), which block A sent after reading row m - 4's inbox; A may still be reading row
+// m - 3's, and rows m - 2 and m - 1 may be pending: four inboxes. (Checked on a random-
+// interleaving model: bench/lessons/2026-12-01-session8-pipeline-model.py.) reduce returns what
+// its row's finish needs besides the row (NoCarry: nothing).
+constexpr int kPipelineSlots = 4;
+constexpr int kPipelineMinStages = 3;
+struct NoCarry {};
+template <class Reduce, class Finish>
+__device__ __forceinline__ void pipeline_rows(int64_t first, int64_t step, int64_t rows, int stages, Reduce reduce,
+                                              Finish finish) {
+  StagedCursor at, prev_at;
+  ExchangeCursor<kPipelineSlots> slot, prev_slot;
+  using Carry = decltype(reduce(first, at, slot));
+  Carry prev{};
+  for (int64_t row = first;; row += step) {
+    const bool reduces = row < rows;
+    Carry now{};
+    if (reduces) now = reduce(row, at, slot);
+    if (row > first) finish(row - step, prev_at, prev_slot, prev);
+    if (!reduces) break;
+    prev = now;
+    prev_at = at;
+    at.next(stages);
+    prev_slot = slot;
+    slot.next();
+  }
+}
+
 }  // namespace fusedops

@@ -100,7 +100,7 @@ constexpr int kBwdStagedChunks = 2;
 constexpr int kBwdStagedMaxCluster = 8;
 // The ring bytes an SM aims for (single-block rows / cluster rows), split between the blocks its
 // registers hold: each block's ring holds as many whole stages (rows) as fit in its share, at
-// least 2 (pipelined cluster rows: kClusterMinStages) and at most kStagedMaxStages. Launcher
+// least 2 (pipelined cluster rows: kPipelineMinStages) and at most kStagedMaxStages. Launcher
 // timing, H200, session 6 (cluster rows not yet pipelined): 64 KB for every row took cluster rows
 // at N = 16384 from 70.6 / 74.2% of copy (LayerNorm / RMSNorm) to 73.3 / 77.5 and cost
 // single-block rows at N = 8192 1.7 points (LayerNorm). Pipelined cluster rows hold two stages:
@@ -120,7 +120,7 @@ static_assert(kRmsBwdRegisterSumsChunks == 1 || kRmsBwdRegisterSumsChunks == 2);
 static_assert(kBwdSharedSumsChunks == 2 || kBwdSharedSumsChunks == 4);
 static_assert(kBwdStagedChunks == 1 || kBwdStagedChunks == 2);
 static_assert(kBwdStagedMaxCluster >= 1 && kBwdStagedMaxCluster <= 8);  // portable cluster sizes
-static_assert(kStagedMaxStages >= 3);  // kClusterMinStages
+static_assert(kStagedMaxStages >= kPipelineMinStages);
 
 constexpr int kMaxThreads = 1024;
 constexpr int kWarpRowsThreads = 128;  // one warp per row: 4 rows per block
@@ -862,13 +862,6 @@ struct StagedRows {
   int slice_cols;  // columns per block: cols / cluster, a multiple of the vector width
 };
 
-// Inboxes of the pipelined cluster rows: block B sends row m's sums once it has A's of row m - 2
-// (its wait in iteration m - 1), which A sent after reading row m - 4's inbox; A may still be
-// reading row m - 3's, and rows m - 2 and m - 1 may be pending: four rows, four inboxes.
-constexpr int kClusterRowSlots = 4;
-// Ring stages a pipelined cluster row needs: rows i - 1 and i held, and one in flight.
-constexpr int kClusterMinStages = 3;
-
 // This thread's chunks of a row slice held in shared memory at `slot` (zeros past its end).
 template <typename T, int VEC, int VPT>
 __device__ __forceinline__ void load_staged_chunks(const char* slot, const RowGroup<false>& group, int cols,
@@ -886,8 +879,8 @@ __global__ void __launch_bounds__(kStagedThreads) norm_bwd_staged_kernel(const N
   extern __shared__ uint4 stage_storage[];
   __shared__ uint64_t full[kStagedMaxStages];
   __shared__ A scratch[2][32];
-  __shared__ float2 inbox[kClusterRowSlots][kMaxExchangeCluster];
-  __shared__ uint64_t exchange_bars[kClusterRowSlots];
+  __shared__ float2 inbox[kPipelineSlots][kMaxExchangeCluster];
+  __shared__ uint64_t exchange_bars[kPipelineSlots];
   const RowGroup<false> group;
   const int cluster = CLUSTER ? shape.cluster : 1;
   const int rank = CLUSTER ? static_cast<int>(blockIdx.x) % cluster : 0;
@@ -898,7 +891,7 @@ __global__ void __launch_bounds__(kStagedThreads) norm_bwd_staged_kernel(const N
   const int tensors = has_extra ? 3 : 2;
   const StageRing ring{reinterpret_cast<char*>(stage_storage), full, shape.stages, tensors * shape.slot_bytes};
   ring.init();
-  const ClusterExchange<float2, kClusterRowSlots> exchange{inbox, exchange_bars, cluster, rank};
+  const ClusterExchange<float2, kPipelineSlots> exchange{inbox, exchange_bars, cluster, rank};
   if constexpr (CLUSTER) exchange.init();
   const uint32_t slice_bytes = static_cast<uint32_t>(cols * sizeof(T));
   auto fill = [&](int stage, int64_t row) {  // thread 0
@@ -928,7 +921,6 @@ __global__ void __launch_bounds__(kStagedThreads) norm_bwd_staged_kernel(const N
   const int64_t ahead = int64_t(shape.stages) * step;
   A next_mean, next_rstd;
   load_row_stats<RMS>(p, first, next_mean, next_rstd);
-  StagedCursor at;
   // A row's x and dy, and its residual_out gradient when there is one, from its stage.
   const auto load_stage = [&](int stage, BwdRow<T, VEC, VPT>& r) {
     load_staged_chunks(ring.stage(stage), group, cols, r.x);
@@ -941,51 +933,43 @@ __global__ void __launch_bounds__(kStagedThreads) norm_bwd_staged_kernel(const N
     if (threadIdx.x == 0 && done_row + ahead < p.rows) fill(stage, done_row + ahead);
   };
   if constexpr (CLUSTER) {
-    BwdRow<T, VEC, VPT> prev;  // the previous row's statistics (its operands are re-read)
-    StagedCursor prev_at;
-    ExchangeCursor<kClusterRowSlots> slot, prev_slot;
-    for (int64_t row = first;; row += step) {
-      const bool reduces = row < p.rows;
+    // pipeline_rows: a row's reduce carries its statistics (mean, rstd) to its finish.
+    const auto reduce = [&](int64_t row, const auto& at, const auto& slot) {
       BwdRow<T, VEC, VPT> now;
-      if (reduces) {
-        now.mean = next_mean;
-        now.rstd = next_rstd;
-        load_row_stats<RMS>(p, row + step, next_mean, next_rstd);
-        ring.wait(at.stage, at.phase);
-        load_stage(at.stage, now);
-        A xhat[VPT][VEC], g[VPT][VEC], sum_g, sum_gx;
-        row_terms<RMS, false>(now, weight, xhat, g, sum_g, sum_gx, dweight, dbias);
-        group_sums<RMS>(group, sum_g, sum_gx, scratch);
-        // Past the reduction's barriers every thread is done with row - 2 * step (last iteration).
-        if (row - 2 * step >= first) refill((at.stage + shape.stages - 2) % shape.stages, row - 2 * step);
-        exchange.send(make_float2(sum_g, sum_gx), slot.slot);
+      now.mean = next_mean;
+      now.rstd = next_rstd;
+      load_row_stats<RMS>(p, row + step, next_mean, next_rstd);
+      ring.wait(at.stage, at.phase);
+      load_stage(at.stage, now);
+      A xhat[VPT][VEC], g[VPT][VEC], sum_g, sum_gx;
+      row_terms<RMS, false>(now, weight, xhat, g, sum_g, sum_gx, dweight, dbias);
+      group_sums<RMS>(group, sum_g, sum_gx, scratch);
+      if (row - 2 * step >= first) refill((at.stage + shape.stages - 2) % shape.stages, row - 2 * step);
+      exchange.send(make_float2(sum_g, sum_gx), slot.slot);
+      return make_float2(now.mean, now.rstd);
+    };
+    const auto finish = [&](int64_t row, const auto& at, const auto& slot, float2 stats) {
+      // The blocks' sums of the row in rank order: the same bits in every block.
+      const float2* sums = exchange.wait(slot.slot, slot.phase);
+      A sum_g = 0, sum_gx = 0;
+      for (int r = 0; r < cluster; ++r) {
+        sum_g += sums[r].x;
+        sum_gx += sums[r].y;
       }
-      if (row > first) {
-        const int64_t done = row - step;
-        // The blocks' sums of the row in rank order: the same bits in every block.
-        const float2* sums = exchange.wait(prev_slot.slot, prev_slot.phase);
-        A sum_g = 0, sum_gx = 0;
-        for (int r = 0; r < cluster; ++r) {
-          sum_g += sums[r].x;
-          sum_gx += sums[r].y;
-        }
-        Chunks<T, VEC, VPT> extra;
-        load_stage(prev_at.stage, prev);
-        load_extra(prev_at.stage, extra);
-        A xhat[VPT][VEC], g[VPT][VEC], unused_g, unused_gx;
-        row_terms<RMS, true>(prev, weight, xhat, g, unused_g, unused_gx, dweight, dbias);
-        write_dx(p, group, row_start(static_cast<T*>(p.dx), done * p.cols + col_begin), cols, prev.rstd, xhat, g,
-                 sum_g * inv_cols, sum_gx * inv_cols, extra);
-      }
-      if (!reduces) break;
-      prev.mean = now.mean;
-      prev.rstd = now.rstd;
-      prev_at = at;
-      at.next(shape.stages);
-      prev_slot = slot;
-      slot.next();
-    }
+      BwdRow<T, VEC, VPT> again;  // the row's operands re-read from its stage
+      again.mean = stats.x;
+      again.rstd = stats.y;
+      load_stage(at.stage, again);
+      Chunks<T, VEC, VPT> extra;
+      load_extra(at.stage, extra);
+      A xhat[VPT][VEC], g[VPT][VEC], unused_g, unused_gx;
+      row_terms<RMS, true>(again, weight, xhat, g, unused_g, unused_gx, dweight, dbias);
+      write_dx(p, group, row_start(static_cast<T*>(p.dx), row * p.cols + col_begin), cols, again.rstd, xhat, g,
+               sum_g * inv_cols, sum_gx * inv_cols, extra);
+    };
+    pipeline_rows(first, step, p.rows, shape.stages, reduce, finish);
   } else {
+    StagedCursor at;
     for (int64_t row = first; row < p.rows; row += step) {
       BwdRow<T, VEC, VPT> now;
       now.mean = next_mean;
@@ -1275,7 +1259,7 @@ StagedRows staged_bwd_shape(Kernel kernel, int64_t cols, int tensors, const Devi
   const int64_t fit = (device.max_shared - kStaticBytes) / stage_bytes;
   const int64_t blocks_per_sm = std::max(1, cached_blocks_per_sm(kernel, threads, 0));
   const int64_t sm_bytes = shape.cluster > 1 ? kClusterStagedSmBytes : kStagedSmBytes;
-  const int64_t min_stages = shape.cluster > 1 ? kClusterMinStages : 2;
+  const int64_t min_stages = shape.cluster > 1 ? kPipelineMinStages : 2;
   const int64_t stages =
       std::min(fit, std::clamp<int64_t>(sm_bytes / (blocks_per_sm * stage_bytes), min_stages, kStagedMaxStages));
   if (stages >= min_stages) {

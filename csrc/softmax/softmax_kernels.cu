@@ -1131,13 +1131,9 @@ constexpr bool kNarrowStagedForward = true;  // false: the forward holds wide ch
 // i - 1's (sent an iteration earlier) and writes row i - 1 from its stage, so the exchange's
 // latency and the cluster's drift hide behind a row's work; rows i - 1 and i are held (three
 // stages: one in flight) and the forward's output recomputes its exps from the stage. Not yet
-// timed on a GPU (session 8 had none).
+// timed on a GPU (session 8 had none). See pipeline_rows (stage_ring.cuh).
 constexpr bool kPipelinedStagedForward = true;
 constexpr bool kPipelinedStagedBackward = true;
-// Inboxes of pipelined cluster rows (see kClusterRowSlots in norm_kernels.cu: four rows may be
-// between a block's send and another block's read) and the stages they need.
-constexpr int kPipelinedSlots = 4;
-constexpr int kPipelinedMinStages = 3;
 constexpr int kMaxStages = 16;
 constexpr int kStagedMaxCluster = kMaxExchangeCluster;
 // 16-bit rows take the thread's max logit over the raw packed pairs (one __hmax2 per two
@@ -1294,7 +1290,7 @@ __global__ void __launch_bounds__(THREADS, kStagedBlocksPerSm<THREADS>)
   using A = acc_t<T>;
   constexpr int VEC = kVec16<T>;
   using Vec = AlignedVector<T, VEC>;
-  constexpr int kSlots = PIPELINED ? kPipelinedSlots : 2;
+  constexpr int kSlots = PIPELINED ? kPipelineSlots : 2;
   extern __shared__ uint4 stage_storage[];
   __shared__ uint64_t full[kMaxStages];
   __shared__ MaxSum<A> scratch[2][THREADS / 32];
@@ -1438,50 +1434,41 @@ __global__ void __launch_bounds__(THREADS, kStagedBlocksPerSm<THREADS>)
       at.next(shape.stages);
     }
   };
-  // PIPELINED: iteration i reduces row i and sends its (max, sum), then waits for row i - 1's
-  // and writes it, re-reading its stage. The stage of row i - 2 is refilled past row i's barrier.
+  // PIPELINED (pipeline_rows): reduce and send row i's (max, sum), then write row i - 1 from its
+  // stage; the stage of row i - 2 is refilled past row i's barrier.
   auto pipelined_rows = [&](auto log_tag) {
-    StagedCursor at, prev_at;
-    ExchangeCursor<kSlots> slot, prev_slot;
-    for (int64_t row = slice.first;; row += slice.step) {
-      const bool reduces = row < a.rows;
-      if (reduces) {
-        ring.wait(at.stage, at.phase);
-        Vec v[VECS];
-        [[maybe_unused]] Words words;
-        load_row(at.stage, v, words);
-        A thread_max = max_logit(v, words);
-        const A shift = thread_max == neg_inf<A>() ? A(0) : thread_max;
-        A sum = 0;
+    const auto reduce = [&](int64_t row, const auto& at, const auto& slot) {
+      ring.wait(at.stage, at.phase);
+      Vec v[VECS];
+      [[maybe_unused]] Words words;
+      load_row(at.stage, v, words);
+      A thread_max = max_logit(v, words);
+      const A shift = thread_max == neg_inf<A>() ? A(0) : thread_max;
+      A sum = 0;
 #pragma unroll
-        for (int i = 0; i < VECS; ++i) {
-          if (slice.column(i) >= slice.len) continue;
+      for (int i = 0; i < VECS; ++i) {
+        if (slice.column(i) >= slice.len) continue;
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) sum += exp_acc<T>(logit(v[i].val[j]) - shift);
-        }
-        if (sum != sum) thread_max = sum;  // as in rows()
-        const int64_t done = row - 2 * slice.step;
-        const int done_stage = (at.stage + shape.stages - 2) % shape.stages;
-        const MaxSum<A> total =
-            staged_block_reduce(MaxSum<A>{thread_max, sum}, MaxSumOp<T>{}, scratch, at.exchange.slot, [&] {
-              if (threadIdx.x == 0 && done >= slice.first && done + ahead < a.rows) fill(done_stage, done + ahead);
-            });
-        exchange.send(total, slot.slot);
+        for (int j = 0; j < VEC; ++j) sum += exp_acc<T>(logit(v[i].val[j]) - shift);
       }
-      if (row > slice.first) {
-        const MaxSum<A> total =
-            inbox_reduce(exchange.wait(prev_slot.slot, prev_slot.phase), slice.cluster, MaxSumOp<T>{}, identity);
-        Vec v[VECS];
-        [[maybe_unused]] Words words;
-        load_row(prev_at.stage, v, words);
-        store_row(row - slice.step, recomputed(v, totals(total, log_tag), log_tag));
-      }
-      if (!reduces) break;
-      prev_at = at;
-      at.next(shape.stages);
-      prev_slot = slot;
-      slot.next();
-    }
+      if (sum != sum) thread_max = sum;  // as in rows()
+      const int64_t done = row - 2 * slice.step;
+      const int done_stage = (at.stage + shape.stages - 2) % shape.stages;
+      const MaxSum<A> total =
+          staged_block_reduce(MaxSum<A>{thread_max, sum}, MaxSumOp<T>{}, scratch, at.exchange.slot, [&] {
+            if (threadIdx.x == 0 && done >= slice.first && done + ahead < a.rows) fill(done_stage, done + ahead);
+          });
+      exchange.send(total, slot.slot);
+      return NoCarry{};
+    };
+    const auto finish = [&](int64_t row, const auto& at, const auto& slot, NoCarry) {
+      const MaxSum<A> total = inbox_reduce(exchange.wait(slot.slot, slot.phase), slice.cluster, MaxSumOp<T>{}, identity);
+      Vec v[VECS];
+      [[maybe_unused]] Words words;
+      load_row(at.stage, v, words);
+      store_row(row, recomputed(v, totals(total, log_tag), log_tag));
+    };
+    pipeline_rows(slice.first, slice.step, a.rows, shape.stages, reduce, finish);
   };
   if constexpr (PIPELINED) {
     run_staged_rows(slice, shape.stages, a.rows, a.log, fill, pipelined_rows);
@@ -1498,7 +1485,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_backward_kernel(Back
   using A = acc_t<T>;
   constexpr int VEC = kVec16<T>;
   using Vec = AlignedVector<T, VEC>;
-  constexpr int kSlots = PIPELINED ? kPipelinedSlots : 2;
+  constexpr int kSlots = PIPELINED ? kPipelineSlots : 2;
   extern __shared__ uint4 stage_storage[];
   __shared__ uint64_t full[kMaxStages];
   __shared__ A scratch[2][kStagedThreads / 32];
@@ -1583,36 +1570,27 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_backward_kernel(Back
       at.next(shape.stages);
     }
   };
-  // PIPELINED: as the forward's (staged_forward_kernel): reduce and send row i, then wait for row
-  // i - 1's sum and write its dx from its stage; row i - 2's stage is refilled past row i's barrier.
+  // PIPELINED (pipeline_rows): reduce and send row i's sum, then write row i - 1's dx from its
+  // stage. Both read the stage vector by vector (it is held until the next row's barrier).
   auto pipelined_rows = [&](auto log_tag) {
-    StagedCursor at, prev_at;
-    ExchangeCursor<kSlots> slot, prev_slot;
-    for (int64_t row = slice.first;; row += slice.step) {
-      const bool reduces = row < a.rows;
-      // Both passes read the stage vector by vector (it is held until the next row's barrier).
-      if (reduces) {
-        ring.wait(at.stage, at.phase);
-        const int64_t done = row - 2 * slice.step;
-        const int done_stage = (at.stage + shape.stages - 2) % shape.stages;
-        const A thread = thread_sum([&](int i) { return stage_vector(at.stage, 0, i); },
-                                    [&](int i) { return stage_vector(at.stage, 1, i); }, log_tag);
-        const A sum = staged_block_reduce(thread, SumOp{}, scratch, at.exchange.slot, [&] {
-          if (threadIdx.x == 0 && done >= slice.first && done + ahead < a.rows) fill(done_stage, done + ahead);
-        });
-        exchange.send(sum, slot.slot);
-      }
-      if (row > slice.first) {
-        const A sum = inbox_reduce(exchange.wait(prev_slot.slot, prev_slot.phase), slice.cluster, SumOp{}, A(0));
-        store_row(row - slice.step, [&](int i) { return stage_vector(prev_at.stage, 0, i); },
-                  [&](int i) { return stage_vector(prev_at.stage, 1, i); }, sum, log_tag);
-      }
-      if (!reduces) break;
-      prev_at = at;
-      at.next(shape.stages);
-      prev_slot = slot;
-      slot.next();
-    }
+    const auto reduce = [&](int64_t row, const auto& at, const auto& slot) {
+      ring.wait(at.stage, at.phase);
+      const int64_t done = row - 2 * slice.step;
+      const int done_stage = (at.stage + shape.stages - 2) % shape.stages;
+      const A thread = thread_sum([&](int i) { return stage_vector(at.stage, 0, i); },
+                                  [&](int i) { return stage_vector(at.stage, 1, i); }, log_tag);
+      const A sum = staged_block_reduce(thread, SumOp{}, scratch, at.exchange.slot, [&] {
+        if (threadIdx.x == 0 && done >= slice.first && done + ahead < a.rows) fill(done_stage, done + ahead);
+      });
+      exchange.send(sum, slot.slot);
+      return NoCarry{};
+    };
+    const auto finish = [&](int64_t row, const auto& at, const auto& slot, NoCarry) {
+      const A sum = inbox_reduce(exchange.wait(slot.slot, slot.phase), slice.cluster, SumOp{}, A(0));
+      store_row(row, [&](int i) { return stage_vector(at.stage, 0, i); },
+                [&](int i) { return stage_vector(at.stage, 1, i); }, sum, log_tag);
+    };
+    pipeline_rows(slice.first, slice.step, a.rows, shape.stages, reduce, finish);
   };
   if constexpr (PIPELINED) {
     run_staged_rows(slice, shape.stages, a.rows, a.log, fill, pipelined_rows);
@@ -1904,7 +1882,7 @@ template <typename T, bool MASKED, bool BACKWARD> struct RowLaunch {
     } else if constexpr (BACKWARD) {
       if (kPipelinedStagedBackward && plan.cluster > 1) {
         const cudaError_t err = launch_staged<T, VECS, THREADS>(staged_backward_kernel<T, VECS, true>, args,
-                                                                plan.cluster, kTensors, stream, kPipelinedMinStages);
+                                                                plan.cluster, kTensors, stream, kPipelineMinStages);
         if (err != cudaErrorNotSupported) return err;
       }
       return launch_staged<T, VECS, THREADS>(staged_backward_kernel<T, VECS, false>, args, plan.cluster, kTensors,
@@ -1912,7 +1890,7 @@ template <typename T, bool MASKED, bool BACKWARD> struct RowLaunch {
     } else {
       if (kPipelinedStagedForward && plan.cluster > 1) {
         const cudaError_t err = launch_staged<T, VECS, THREADS>(staged_forward_kernel<T, VECS, THREADS, true>, args,
-                                                                plan.cluster, kTensors, stream, kPipelinedMinStages);
+                                                                plan.cluster, kTensors, stream, kPipelineMinStages);
         if (err != cudaErrorNotSupported) return err;
       }
       return launch_staged<T, VECS, THREADS>(staged_forward_kernel<T, VECS, THREADS, false>, args, plan.cluster,
