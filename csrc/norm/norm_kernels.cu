@@ -46,17 +46,13 @@ constexpr bool kFwdWarpRowsPrefetch = false;
 constexpr int kLnBwdWarpRowsMaxChunks = 128;
 constexpr int kRmsBwdWarpRowsMaxChunks = 32;
 // Forward block rows up to this many chunks (LayerNorm / RMSNorm) run one-row kernels, longer ones
-// prefetch (0: all prefetch). Launcher timing, H200, session 7, N = 32768 bf16 (4096 chunks): the
-// RMSNorm one-row kernel (8 chunks a thread, 64 registers, two blocks an SM) took 86.0% of copy
-// against 81.2-82.2 prefetching; LayerNorm's (128 registers: x - mean kept in fp32) lost 5 points.
-constexpr int kLnFwdOneRowMaxChunks = 2048;
+// prefetch (0: all prefetch). Launcher timing, H200, N = 32768 bf16 (4096 chunks): the RMSNorm
+// one-row kernel (8 chunks a thread, 64 registers, two blocks an SM) took 86.0% of copy against
+// 81.2-82.2 prefetching (session 7); LayerNorm's, with x - mean kept in fp32 (128 registers), lost
+// 5 points, and with its elements unpacked each pass and merged moments (see norm_fwd_kernel; 61
+// registers) went from 77.5 (prefetching) to 83.8 (session 8).
+constexpr int kLnFwdOneRowMaxChunks = 4096;
 constexpr int kRmsFwdOneRowMaxChunks = 4096;
-// LayerNorm forward statistics (warp rows / block rows): each thread's count, mean and sum of
-// squared deviations over its own elements (two passes over its registers), merged over the row
-// in one reduction (Chan et al.) rather than a reduction for the mean and then one for the
-// variance. Not yet timed on a GPU (session 8 had none).
-constexpr bool kLnFwdMergedMomentsWarpRows = false;
-constexpr bool kLnFwdMergedMomentsBlockRows = true;
 // Forward block rows, chunks per thread (2, 4 or 8; doubled up to 8 while the row needs more than
 // 512 threads) of each kind: more bytes in flight a thread vs more threads a row.
 constexpr int kFwdOneRowChunks = 4;
@@ -100,11 +96,16 @@ constexpr int kBwdStagedChunks = 2;
 constexpr int kBwdStagedMaxCluster = 8;
 // The ring bytes an SM aims for (single-block rows / cluster rows), split between the blocks its
 // registers hold: each block's ring holds as many whole stages (rows) as fit in its share, at
-// least 2 (pipelined cluster rows: kPipelineMinStages) and at most kStagedMaxStages. Launcher
-// timing, H200, session 6 (cluster rows not yet pipelined): 64 KB for every row took cluster rows
-// at N = 16384 from 70.6 / 74.2% of copy (LayerNorm / RMSNorm) to 73.3 / 77.5 and cost
-// single-block rows at N = 8192 1.7 points (LayerNorm). Pipelined cluster rows hold two stages:
-// 128 KB (four stages of a bf16 slice of 8192 columns) keeps two in flight.
+// least 2 (cluster rows: kClusterMinStages) and at most kStagedMaxStages. Launcher timing, H200,
+// session 6 (cluster rows not yet pipelined): 64 KB for every row took cluster rows at N = 16384
+// from 70.6 / 74.2% of copy (LayerNorm / RMSNorm) to 73.3 / 77.5 and cost single-block rows at
+// N = 8192 1.7 points (LayerNorm). Session 8, pipelined cluster rows (two stages held): four
+// stages of a bf16 slice of 8192 columns (128 KB) and five or six (160 / 192 KB) measured level
+// (LayerNorm / RMSNorm backward at 16384: 72.6 / 82.3, 72.7 / 81.6, 71.6 / 80.9), three (96 KB)
+// lost 12-16 points; add_* rows (48 KB stages) went from three stages to four with 192 KB, and
+// from 73.2 / 78.5 to 79.7 / 84.1 (add_layer_norm / add_rms_norm at 16384; 67.8 / 74.5 to 78.3 /
+// 83.4 at 32768).
+constexpr int kClusterMinStages = 4;
 constexpr int kStagedSmBytes = 128 * 1024;
 constexpr int kClusterStagedSmBytes = 128 * 1024;
 constexpr int kStagedMaxStages = 8;
@@ -120,7 +121,7 @@ static_assert(kRmsBwdRegisterSumsChunks == 1 || kRmsBwdRegisterSumsChunks == 2);
 static_assert(kBwdSharedSumsChunks == 2 || kBwdSharedSumsChunks == 4);
 static_assert(kBwdStagedChunks == 1 || kBwdStagedChunks == 2);
 static_assert(kBwdStagedMaxCluster >= 1 && kBwdStagedMaxCluster <= 8);  // portable cluster sizes
-static_assert(kStagedMaxStages >= kPipelineMinStages);
+static_assert(kClusterMinStages >= kPipelineMinStages && kStagedMaxStages >= kClusterMinStages);
 
 constexpr int kMaxThreads = 1024;
 constexpr int kWarpRowsThreads = 128;  // one warp per row: 4 rows per block
@@ -500,11 +501,17 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdPara
   using A = acc_t<T>;
   using Row = Chunks<T, VEC, VPT>;
   // x - mean is computed once for every element (also past the row's end, so that the output can
-  // reuse it) and kept in the accumulation type for the variance and the output, except with two
-  // raw rows of 64 elements a thread (prefetch), where it would spill: the output then unpacks
-  // and subtracts again from the raw row.
-  constexpr bool kRecenterEachPass = PREFETCH && VPT * VEC > 32;
-  constexpr bool kMergedMoments = !RMS && (WARP_ROWS ? kLnFwdMergedMomentsWarpRows : kLnFwdMergedMomentsBlockRows);
+  // reuse it) and kept in the accumulation type for the variance and the output, except with 64
+  // elements a thread in two raw rows (prefetch) or in a LayerNorm row, where it would spill or
+  // take 128 registers: each pass then unpacks again from the raw row.
+  constexpr bool kRecenterEachPass = (PREFETCH || !RMS) && VPT * VEC > 32;
+  // LayerNorm rows unpacked each pass take their statistics in one reduction: each thread's count,
+  // mean and squared deviations over its own elements, merged over the row (Chan et al.), instead
+  // of a reduction for the mean and then one for the variance: a pass over the row fewer (at
+  // N = 32768 bf16, one-row: 83.8% of copy against 68.1 with the two reductions; launcher timing,
+  // H200, session 8). Rows kept in registers lost 4-7 points with it (N = 1024-16384), warp rows
+  // 5 (N = 512): their two reductions are cheaper than the merges.
+  constexpr bool kMergedMoments = !RMS && kRecenterEachPass;
   __shared__ A scratch[32];
   __shared__ Moments<A> moments_scratch[32];
   const RowGroup<WARP_ROWS> group;
@@ -1259,7 +1266,7 @@ StagedRows staged_bwd_shape(Kernel kernel, int64_t cols, int tensors, const Devi
   const int64_t fit = (device.max_shared - kStaticBytes) / stage_bytes;
   const int64_t blocks_per_sm = std::max(1, cached_blocks_per_sm(kernel, threads, 0));
   const int64_t sm_bytes = shape.cluster > 1 ? kClusterStagedSmBytes : kStagedSmBytes;
-  const int64_t min_stages = shape.cluster > 1 ? kPipelineMinStages : 2;
+  const int64_t min_stages = shape.cluster > 1 ? kClusterMinStages : 2;
   const int64_t stages =
       std::min(fit, std::clamp<int64_t>(sm_bytes / (blocks_per_sm * stage_bytes), min_stages, kStagedMaxStages));
   if (stages >= min_stages) {

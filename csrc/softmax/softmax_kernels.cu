@@ -1126,14 +1126,16 @@ constexpr int kStagedForwardThreads = 256;
 // the ring's share).
 template <int THREADS> constexpr int kStagedBlocksPerSm = kStagedThreads / THREADS;
 constexpr bool kNarrowStagedForward = true;  // false: the forward holds wide chunks only
-// Cluster rows of the staged forward / backward as a software pipeline (staged_{forward,backward}
-// _kernel, PIPELINED): a block reduces row i and sends its (max, sum) / sum, then waits for row
-// i - 1's (sent an iteration earlier) and writes row i - 1 from its stage, so the exchange's
-// latency and the cluster's drift hide behind a row's work; rows i - 1 and i are held (three
-// stages: one in flight) and the forward's output recomputes its exps from the stage. Not yet
-// timed on a GPU (session 8 had none). See pipeline_rows (stage_ring.cuh).
-constexpr bool kPipelinedStagedForward = true;
-constexpr bool kPipelinedStagedBackward = true;
+// fp32 cluster rows of the staged forward and backward run as a software pipeline
+// (staged_{forward,backward}_kernel, PIPELINED; pipeline_rows in stage_ring.cuh): a block reduces
+// row i and sends its (max, sum) / sum, then waits for row i - 1's (sent an iteration earlier)
+// and writes row i - 1 from its stage, so the exchange's latency and the cluster's drift hide
+// behind a row's work; rows i - 1 and i are held (three stages: one in flight). Launcher timing,
+// H200, session 8: fp32 forward N = 65536 / 262144 81.2 / 69.7 -> 84.8 / 79.0% of copy, backward
+// 16384 90.5 -> 94.2 (level at 65536 and 262144). 16-bit rows lost with it, forward 65536 / 262144
+// 81.3 / 78.2 -> 78.6 / 74.2 (their kept exps recomputed from the stage) and backward 84.9 / 84.2
+// -> 83.1 / 80.0 (one stage of 64 KB in flight where there were two).
+template <typename T> constexpr bool kPipelinedStagedRows = std::is_same<T, float>::value;
 constexpr int kMaxStages = 16;
 constexpr int kStagedMaxCluster = kMaxExchangeCluster;
 // 16-bit rows take the thread's max logit over the raw packed pairs (one __hmax2 per two
@@ -1282,7 +1284,7 @@ __device__ __forceinline__ void run_staged_rows(const StagedSlice<T, VECS, THREA
 #endif
 
 // THREADS: kStagedThreads (one block an SM) or kStagedForwardThreads (several). PIPELINED: cluster
-// rows as a software pipeline (kPipelinedStagedForward).
+// rows as a software pipeline (kPipelinedStagedRows).
 template <typename T, int VECS, int THREADS, bool PIPELINED>
 __global__ void __launch_bounds__(THREADS, kStagedBlocksPerSm<THREADS>)
     staged_forward_kernel(ForwardArgs<T> a, StagedShape shape) {
@@ -1478,7 +1480,7 @@ __global__ void __launch_bounds__(THREADS, kStagedBlocksPerSm<THREADS>)
 #endif
 }
 
-// PIPELINED: cluster rows as a software pipeline (kPipelinedStagedBackward).
+// PIPELINED: cluster rows as a software pipeline (kPipelinedStagedRows).
 template <typename T, int VECS, bool PIPELINED>
 __global__ void __launch_bounds__(kStagedThreads, 1) staged_backward_kernel(BackwardArgs<T> a, StagedShape shape) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -1880,18 +1882,23 @@ template <typename T, bool MASKED, bool BACKWARD> struct RowLaunch {
     if constexpr (MASKED || !kBuilt) {
       return cudaErrorNotSupported;
     } else if constexpr (BACKWARD) {
-      if (kPipelinedStagedBackward && plan.cluster > 1) {
-        const cudaError_t err = launch_staged<T, VECS, THREADS>(staged_backward_kernel<T, VECS, true>, args,
-                                                                plan.cluster, kTensors, stream, kPipelineMinStages);
-        if (err != cudaErrorNotSupported) return err;
+      if constexpr (kPipelinedStagedRows<T>) {
+        if (plan.cluster > 1) {
+          const cudaError_t err = launch_staged<T, VECS, THREADS>(staged_backward_kernel<T, VECS, true>, args,
+                                                                  plan.cluster, kTensors, stream, kPipelineMinStages);
+          if (err != cudaErrorNotSupported) return err;
+        }
       }
       return launch_staged<T, VECS, THREADS>(staged_backward_kernel<T, VECS, false>, args, plan.cluster, kTensors,
                                              stream);
     } else {
-      if (kPipelinedStagedForward && plan.cluster > 1) {
-        const cudaError_t err = launch_staged<T, VECS, THREADS>(staged_forward_kernel<T, VECS, THREADS, true>, args,
-                                                                plan.cluster, kTensors, stream, kPipelineMinStages);
-        if (err != cudaErrorNotSupported) return err;
+      if constexpr (kPipelinedStagedRows<T>) {
+        if (plan.cluster > 1) {
+          const cudaError_t err = launch_staged<T, VECS, THREADS>(staged_forward_kernel<T, VECS, THREADS, true>,
+                                                                  args, plan.cluster, kTensors, stream,
+                                                                  kPipelineMinStages);
+          if (err != cudaErrorNotSupported) return err;
+        }
       }
       return launch_staged<T, VECS, THREADS>(staged_forward_kernel<T, VECS, THREADS, false>, args, plan.cluster,
                                              kTensors, stream);
