@@ -191,21 +191,30 @@ struct StagedCursor {
 // m - 1), which block A sent after reading row m - 4's inbox; A may still be reading row
 // m - 3's, and rows m - 2 and m - 1 may be pending: four inboxes. (Checked on a random-
 // interleaving model: bench/lessons/2026-12-01-session8-pipeline-model.py.) reduce returns what
-// its row's finish needs besides the row (NoCarry: nothing).
+// its row's finish needs besides the row (NoCarry: nothing); its `freed` names the stage every
+// thread is done with once past its block barrier.
 constexpr int kPipelineSlots = 4;
 constexpr int kPipelineMinStages = 3;
 struct NoCarry {};
+struct FreedStage {
+  bool any;     // false for a block's first two rows
+  int stage;    // row i - 2's stage
+  int64_t row;  // row i - 2
+};
 template <class Reduce, class Finish>
 __device__ __forceinline__ void pipeline_rows(int64_t first, int64_t step, int64_t rows, int stages, Reduce reduce,
                                               Finish finish) {
   StagedCursor at, prev_at;
   ExchangeCursor<kPipelineSlots> slot, prev_slot;
-  using Carry = decltype(reduce(first, at, slot));
+  using Carry = decltype(reduce(first, at, slot, FreedStage{}));
   Carry prev{};
   for (int64_t row = first;; row += step) {
     const bool reduces = row < rows;
     Carry now{};
-    if (reduces) now = reduce(row, at, slot);
+    if (reduces) {
+      const FreedStage freed{row - 2 * step >= first, (at.stage + stages - 2) % stages, row - 2 * step};
+      now = reduce(row, at, slot, freed);
+    }
     if (row > first) finish(row - step, prev_at, prev_slot, prev);
     if (!reduces) break;
     prev = now;

@@ -51,8 +51,7 @@ constexpr int kRmsBwdWarpRowsMaxChunks = 32;
 // 81.2-82.2 prefetching (session 7); LayerNorm's, with x - mean kept in fp32 (128 registers), lost
 // 5 points, and with its elements unpacked each pass and merged moments (see norm_fwd_kernel; 61
 // registers) went from 77.5 (prefetching) to 83.8 (session 8).
-constexpr int kLnFwdOneRowMaxChunks = 4096;
-constexpr int kRmsFwdOneRowMaxChunks = 4096;
+constexpr int kFwdOneRowMaxChunks = 4096;
 // Forward block rows, chunks per thread (2, 4 or 8; doubled up to 8 while the row needs more than
 // 512 threads) of each kind: more bytes in flight a thread vs more threads a row.
 constexpr int kFwdOneRowChunks = 4;
@@ -547,7 +546,7 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdPara
     // centered = x - mean for every element (also past the row's end) for the output.
     A mean, squares;
     A centered[VPT][VEC];
-    if constexpr (kMergedMoments) {
+    if constexpr (kMergedMoments) {  // (so kRecenterEachPass)
       A sum = 0;
       int count = 0;
 #pragma unroll
@@ -558,7 +557,7 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdPara
         for (int j = 0; j < VEC; ++j) sum += x.get(k, j);
       }
       const A thread_mean = count_ratio(sum, A(count > 1 ? count : 1));
-      if constexpr (kRecenterEachPass) forget_values(x);
+      forget_values(x);
       A m2 = 0;
 #pragma unroll
       for (int k = 0; k < VPT; ++k) {
@@ -572,12 +571,6 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdPara
       const Moments<A> moments = group_moments<WARP_ROWS>(Moments<A>{A(count), thread_mean, m2}, moments_scratch);
       mean = moments.mean;
       squares = moments.m2;
-      if constexpr (!kRecenterEachPass) {
-#pragma unroll
-        for (int k = 0; k < VPT; ++k)
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) centered[k][j] = x.get(k, j) - mean;
-      }
     } else {
       A sum = 0;
 #pragma unroll
@@ -941,7 +934,7 @@ __global__ void __launch_bounds__(kStagedThreads) norm_bwd_staged_kernel(const N
   };
   if constexpr (CLUSTER) {
     // pipeline_rows: a row's reduce carries its statistics (mean, rstd) to its finish.
-    const auto reduce = [&](int64_t row, const auto& at, const auto& slot) {
+    const auto reduce = [&](int64_t row, const auto& at, const auto& slot, const FreedStage& freed) {
       BwdRow<T, VEC, VPT> now;
       now.mean = next_mean;
       now.rstd = next_rstd;
@@ -951,7 +944,7 @@ __global__ void __launch_bounds__(kStagedThreads) norm_bwd_staged_kernel(const N
       A xhat[VPT][VEC], g[VPT][VEC], sum_g, sum_gx;
       row_terms<RMS, false>(now, weight, xhat, g, sum_g, sum_gx, dweight, dbias);
       group_sums<RMS>(group, sum_g, sum_gx, scratch);
-      if (row - 2 * step >= first) refill((at.stage + shape.stages - 2) % shape.stages, row - 2 * step);
+      if (freed.any) refill(freed.stage, freed.row);
       exchange.send(make_float2(sum_g, sum_gx), slot.slot);
       return make_float2(now.mean, now.rstd);
     };
@@ -1304,7 +1297,6 @@ FwdLaunch block_rows_launch(int64_t chunks) {
 template <typename T, typename W, bool RMS, bool ADD, int VEC>
 cudaError_t launch_fwd_with(const NormFwdParams& p, cudaStream_t stream) {
   constexpr bool kWarpPrefetch = kFwdWarpRowsPrefetch;
-  constexpr int kOneRowMaxChunks = RMS ? kRmsFwdOneRowMaxChunks : kLnFwdOneRowMaxChunks;
   const int64_t chunks = (p.cols + VEC - 1) / VEC;
   FwdLaunch launch;
   if (chunks <= 32) {
@@ -1313,8 +1305,8 @@ cudaError_t launch_fwd_with(const NormFwdParams& p, cudaStream_t stream) {
   } else if (chunks <= 64) {
     launch = {norm_fwd_kernel<T, W, RMS, ADD, true, VEC, 2, kWarpPrefetch, kWarpRowsThreads>, kWarpRowsThreads,
               kWarpRowsGroups, kWarpPrefetch || kFwdResidentGrid};
-  } else if (chunks <= kOneRowMaxChunks) {
-    launch = block_rows_launch<T, W, RMS, ADD, VEC, kFwdOneRowChunks, false, kOneRowMaxChunks>(chunks);
+  } else if (chunks <= kFwdOneRowMaxChunks) {
+    launch = block_rows_launch<T, W, RMS, ADD, VEC, kFwdOneRowChunks, false, kFwdOneRowMaxChunks>(chunks);
   } else {
     launch = block_rows_launch<T, W, RMS, ADD, VEC, kFwdPrefetchChunks, true, int64_t(kBlockRowsThreads) * 8>(chunks);
   }

@@ -1309,6 +1309,9 @@ __global__ void __launch_bounds__(THREADS, kStagedBlocksPerSm<THREADS>)
     ring.copy(stage, ring.stage(stage), a.x + row * a.x_row_stride + slice.begin, bytes);
   };
   const int64_t ahead = static_cast<int64_t>(shape.stages) * slice.step;
+  auto refill = [&](int stage, int64_t done_row) {  // once every thread is done reading it
+    if (threadIdx.x == 0 && done_row + ahead < a.rows) fill(stage, done_row + ahead);
+  };
   const MaxSum<A> identity{neg_inf<A>(), A(0)};
   // Each pass recomputes the logits from the registers, rounded on their own (no FMA into the
   // subtraction that follows), so the max pass and the exp passes see the same values: an FMA
@@ -1417,9 +1420,8 @@ __global__ void __launch_bounds__(THREADS, kStagedBlocksPerSm<THREADS>)
       }
       // fmaxf skips NaN, but a NaN logit makes the sum NaN: the max carries it on, so the row is NaN.
       if (sum != sum) thread_max = sum;
-      MaxSum<A> total = staged_block_reduce(MaxSum<A>{thread_max, sum}, MaxSumOp<T>{}, scratch, at.exchange.slot, [&] {
-        if (threadIdx.x == 0 && row + ahead < a.rows) fill(at.stage, row + ahead);
-      });
+      MaxSum<A> total = staged_block_reduce(MaxSum<A>{thread_max, sum}, MaxSumOp<T>{}, scratch, at.exchange.slot,
+                                            [&] { refill(at.stage, row); });
       total = cluster_exchange_reduce(exchange, total, MaxSumOp<T>{}, identity, at.exchange.slot, at.exchange.phase);
       const Totals t = totals(total, log_tag);
       if constexpr (kKeep) {
@@ -1439,7 +1441,7 @@ __global__ void __launch_bounds__(THREADS, kStagedBlocksPerSm<THREADS>)
   // PIPELINED (pipeline_rows): reduce and send row i's (max, sum), then write row i - 1 from its
   // stage; the stage of row i - 2 is refilled past row i's barrier.
   auto pipelined_rows = [&](auto log_tag) {
-    const auto reduce = [&](int64_t row, const auto& at, const auto& slot) {
+    const auto reduce = [&](int64_t, const auto& at, const auto& slot, const FreedStage& freed) {
       ring.wait(at.stage, at.phase);
       Vec v[VECS];
       [[maybe_unused]] Words words;
@@ -1454,11 +1456,9 @@ __global__ void __launch_bounds__(THREADS, kStagedBlocksPerSm<THREADS>)
         for (int j = 0; j < VEC; ++j) sum += exp_acc<T>(logit(v[i].val[j]) - shift);
       }
       if (sum != sum) thread_max = sum;  // as in rows()
-      const int64_t done = row - 2 * slice.step;
-      const int done_stage = (at.stage + shape.stages - 2) % shape.stages;
       const MaxSum<A> total =
           staged_block_reduce(MaxSum<A>{thread_max, sum}, MaxSumOp<T>{}, scratch, at.exchange.slot, [&] {
-            if (threadIdx.x == 0 && done >= slice.first && done + ahead < a.rows) fill(done_stage, done + ahead);
+            if (freed.any) refill(freed.stage, freed.row);
           });
       exchange.send(total, slot.slot);
       return NoCarry{};
@@ -1506,6 +1506,9 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_backward_kernel(Back
     ring.copy(stage, ring.stage(stage) + shape.tensor_bytes, a.dy + row * a.dy_row_stride + slice.begin, bytes);
   };
   const int64_t ahead = static_cast<int64_t>(shape.stages) * slice.step;
+  auto refill = [&](int stage, int64_t done_row) {  // once every thread is done reading it
+    if (threadIdx.x == 0 && done_row + ahead < a.rows) fill(stage, done_row + ahead);
+  };
   // Vector i of the thread's chunk of tensor t (0: y, 1: dy) of the row in `stage`.
   auto stage_vector = [&](int stage, int t, int i) {
     return load_vector<T, VEC>(reinterpret_cast<const T*>(ring.stage(stage) + t * shape.tensor_bytes) +
@@ -1559,9 +1562,8 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_backward_kernel(Back
       }
       const auto y_of = [&](int i) { return va[i]; };
       const auto dy_of = [&](int i) { return vdy[i]; };
-      A sum = staged_block_reduce(thread_sum(y_of, dy_of, log_tag), SumOp{}, scratch, at.exchange.slot, [&] {
-        if (threadIdx.x == 0 && row + ahead < a.rows) fill(at.stage, row + ahead);
-      });
+      A sum = staged_block_reduce(thread_sum(y_of, dy_of, log_tag), SumOp{}, scratch, at.exchange.slot,
+                                  [&] { refill(at.stage, row); });
       sum = cluster_exchange_reduce(exchange, sum, SumOp{}, A(0), at.exchange.slot, at.exchange.phase);
 #pragma unroll
       for (int i = 0; i < VECS; ++i) {
@@ -1575,14 +1577,12 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_backward_kernel(Back
   // PIPELINED (pipeline_rows): reduce and send row i's sum, then write row i - 1's dx from its
   // stage. Both read the stage vector by vector (it is held until the next row's barrier).
   auto pipelined_rows = [&](auto log_tag) {
-    const auto reduce = [&](int64_t row, const auto& at, const auto& slot) {
+    const auto reduce = [&](int64_t, const auto& at, const auto& slot, const FreedStage& freed) {
       ring.wait(at.stage, at.phase);
-      const int64_t done = row - 2 * slice.step;
-      const int done_stage = (at.stage + shape.stages - 2) % shape.stages;
       const A thread = thread_sum([&](int i) { return stage_vector(at.stage, 0, i); },
                                   [&](int i) { return stage_vector(at.stage, 1, i); }, log_tag);
       const A sum = staged_block_reduce(thread, SumOp{}, scratch, at.exchange.slot, [&] {
-        if (threadIdx.x == 0 && done >= slice.first && done + ahead < a.rows) fill(done_stage, done + ahead);
+        if (freed.any) refill(freed.stage, freed.row);
       });
       exchange.send(sum, slot.slot);
       return NoCarry{};
