@@ -511,16 +511,20 @@ def test_dropout_matches_reference(dtype, lk):
 
 @pytest.mark.gpu
 def test_dropout_under_cuda_graph_replay():
-    """Each replay of a captured dropout draws fresh numbers (seed and offset read at replay)."""
+    """Each replay of a captured dropout draws fresh numbers (seed and offset read at replay): the
+    reference's Philox stream of the rng_state it records."""
     x = torch.randn(8, 64, 256, device="cuda")
     with torch.no_grad():
         fusedops.masked_softmax(x, dropout_p=0.5)  # warm up outside the capture
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            out = fusedops.masked_softmax(x, dropout_p=0.5)
+            out, _, rng_state = ops.masked_softmax_fwd(x, None, 1.0, False, 0.5, True)
         graph.replay()
         first = out.clone()
+        first_keep = reference.dropout_keep_mask(x.shape, rng_state, 0.5).cuda()
         graph.replay()
+        keep = reference.dropout_keep_mask(x.shape, rng_state, 0.5).cuda()
+    assert torch.equal(first != 0, first_keep) and torch.equal(out != 0, keep)
     assert not torch.equal(first == 0, out == 0)
     assert abs((out == 0).float().mean().item() - 0.5) < 0.01
 

@@ -1,7 +1,11 @@
 // Launcher timing of the softmax kernels (bench/launcher/timing.cuh): bf16 and fp32, 2^27
 // elements, the bars' N; forward bytes x + y, backward y + dy + dx (as bench/softmax.py counts).
+// Masked softmax: [B, H, L, L] scores (2^27 elements, H = 16, 8 at L = 4096), scale 1/8, a [B, 1, L, L] bool mask
+// (read through broadcast strides) or causal, dropout 0 or 0.1; the mask's bytes counted once.
 #include "../../csrc/softmax/softmax_kernels.cu"
 #include "timing.cuh"
+
+#include <cstring>
 
 namespace {
 
@@ -29,12 +33,86 @@ template <typename T> void time_dtype(DType dtype, const char* label, double cop
   for (void* ptr : std::initializer_list<void*>{x, y, dy, dx}) cudaFree(ptr);
 }
 
+// Bytes 0 or 1, one in ten 0 (as bench/softmax.py's mask).
+__global__ void bool_mask_kernel(char* mask, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    mask[i] = (static_cast<uint32_t>(i) * 0x9E3779B1u >> 16) % 10 != 0;
+}
+
+template <typename T> void time_masked(DType dtype, const char* label, double copy) {
+  const size_t size = static_cast<size_t>(kElements);
+  T* x = timing::random_buffer<T>(size, 1, 4.0f);
+  T* out = timing::empty_buffer<T>(size);
+  T* dy = timing::random_buffer<T>(size, 2);
+  T* dx = timing::empty_buffer<T>(size);
+  float* lse = timing::empty_buffer<float>(size / 256);
+  int64_t* rng_state = timing::empty_buffer<int64_t>(2);
+  for (const int64_t length : {1024, 4096}) {
+    const int64_t heads = std::min<int64_t>(16, kElements / (length * length));
+    const int64_t batch = kElements / (heads * length * length);
+    const size_t mask_bytes = static_cast<size_t>(batch * length * length);
+    char* mask = timing::empty_buffer<char>(mask_bytes);
+    bool_mask_kernel<<<1024, 256>>>(mask, mask_bytes);
+    fusedops::MaskLayout bool_layout;
+    bool_layout.kind = fusedops::MaskKind::Bool;
+    bool_layout.data = mask;
+    bool_layout.lead_sizes[1] = batch;
+    bool_layout.lead_sizes[2] = heads;
+    bool_layout.lead_sizes[3] = length;
+    bool_layout.lead_strides[1] = length * length;
+    bool_layout.lead_strides[3] = length;
+    bool_layout.col_stride = 1;
+    fusedops::MaskLayout causal_layout;
+    for (int d = 1; d < fusedops::kMaxLeadDims; ++d) causal_layout.lead_sizes[d] = bool_layout.lead_sizes[d];
+    for (const double p : {0.0, 0.1}) {
+      for (const bool causal : {false, true}) {
+        if (causal && p == 0.0) continue;
+        const fusedops::MaskLayout& layout = causal ? causal_layout : bool_layout;
+        const double counted_mask = causal ? 0.0 : static_cast<double>(mask_bytes);
+        fusedops::MaskedSoftmaxParams f{};
+        f.x = x;
+        f.out = out;
+        f.lse = lse;
+        f.rng_state = rng_state;
+        f.rows = kElements / length;
+        f.cols = length;
+        f.x_row_stride = length;
+        f.q_len = length;
+        f.mask = layout;
+        f.scale = 0.125;
+        f.causal = causal;
+        f.p = p;
+        f.dropout = p > 0.0;
+        f.philox.seed = 42;
+        fusedops::MaskedSoftmaxBackwardParams b{dy, x, lse, rng_state, dx, f.rows, length, length, length, length,
+                                                layout, 0.125, causal, p, p > 0.0};
+        char name[48];
+        std::snprintf(name, sizeof(name), "%s_m%s%s_fwd", label, causal ? "causal" : "bool", p > 0.0 ? "_p" : "");
+        timing::report(name, length, 2.0 * size * sizeof(T) + counted_mask,
+                       timing::median_ms([&] { return fusedops::launch_masked_softmax_fwd(f, dtype, nullptr); }), copy);
+        std::snprintf(name, sizeof(name), "%s_m%s%s_bwd", label, causal ? "causal" : "bool", p > 0.0 ? "_p" : "");
+        timing::report(name, length, 3.0 * size * sizeof(T) + counted_mask,
+                       timing::median_ms([&] { return fusedops::launch_masked_softmax_bwd(b, dtype, nullptr); }), copy);
+      }
+    }
+    cudaFree(mask);
+  }
+  for (void* ptr : std::initializer_list<void*>{x, out, dy, dx, lse, rng_state}) cudaFree(ptr);
+}
+
 }  // namespace
 
+// SOFTMAX_TIMING=masked times the masked cases only.
 int main() {
+  const char* cases = std::getenv("SOFTMAX_TIMING");
+  const bool masked_only = cases != nullptr && std::strcmp(cases, "masked") == 0;
   const double copy = timing::copy_gbs();
   std::printf("copy %.1f GB/s\n", copy);
-  time_dtype<__nv_bfloat16>(DType::BFloat16, "bf16", copy);
-  time_dtype<float>(DType::Float32, "fp32", copy);
+  if (!masked_only) {
+    time_dtype<__nv_bfloat16>(DType::BFloat16, "bf16", copy);
+    time_dtype<float>(DType::Float32, "fp32", copy);
+  }
+  time_masked<__nv_bfloat16>(DType::BFloat16, "bf16", copy);
+  time_masked<float>(DType::Float32, "fp32", copy);
   return 0;
 }

@@ -128,6 +128,12 @@ struct NanMaxOp {
   template <typename A> __device__ __forceinline__ A operator()(A a, A b) const { return nan_max(a, b); }
 };
 
+// fmax: one FMNMX where nan_max takes three; it drops a NaN operand, which is fine where a NaN
+// logit makes its row's sum, and so the whole row, NaN all the same (a single group's max).
+struct FmaxOp {
+  template <typename A> __device__ __forceinline__ A operator()(A a, A b) const { return max(a, b); }
+};
+
 template <typename A> __device__ __forceinline__ A mul_rn(A a, A b) {
   if constexpr (std::is_same<A, double>::value) return __dmul_rn(a, b);
   else return __fmul_rn(a, b);
@@ -341,32 +347,42 @@ template <typename T> struct MaskRow {
     return load_live<char, VEC>(live && vector_bytes<VEC, kVectorMask>(c0), data + c0);
   }
   // Bit j set when column c0 + j is visible to the causal mask (all set without it). Register
-  // rows (kVectorMask) have 32-bit columns: half the instructions of the 64-bit clamp.
+  // rows (kVectorMask) have 32-bit columns: the VEC bits shifted right by the vector's columns
+  // past last_visible, a clamped funnel shift (0 from 32 on), two instructions a vector (an add
+  // with a max, the shift) where clamping the visible count took five.
   template <int VEC, bool kVectorMask> __device__ __forceinline__ uint32_t causal_bits(int64_t c0) const {
     static_assert(VEC < 32, "one bit per column of a vector");
-    int visible;
+    constexpr uint32_t kAll = (1u << VEC) - 1u;
     if constexpr (kVectorMask) {
-      const int ahead = static_cast<int>(std::min<int64_t>(last_visible, INT32_MAX)) - static_cast<int>(c0);
-      visible = std::min(std::max(ahead, -1), VEC - 1) + 1;
+      const int last = static_cast<int>(std::min<int64_t>(last_visible, INT32_MAX));
+      const int past = std::max(static_cast<int>(c0) + (VEC - 1) - last, 0);
+      return __funnelshift_rc(kAll, 0u, static_cast<uint32_t>(past));
     } else {
-      visible = static_cast<int>(std::min<int64_t>(std::max<int64_t>(last_visible - c0, -1), VEC - 1)) + 1;
+      const int visible = static_cast<int>(std::min<int64_t>(std::max<int64_t>(last_visible - c0, -1), VEC - 1)) + 1;
+      return (1u << visible) - 1u;
     }
-    return (1u << visible) - 1u;
   }
   // Masks VEC scaled logits starting at column c0: by one bit per column where the mask is
   // a vector of bool bytes (`bytes`, from load_bytes) or absent (causal only), else element by
   // element. kVectorMask compiles the element-by-element path out: kept in the register-row
-  // kernels, its scattered loads took them from ~70 registers to ~120.
+  // kernels, its scattered loads took them from ~70 registers to ~120. The register forward
+  // masks the vectors it did not load (`live` false: past the row, or hidden by the causal
+  // mask) here too, with no branch around them (a branch made ptxas set the vector's registers
+  // to -inf ahead of it: nine moves a vector, live or not). Launcher timing, H200, session 9
+  // (masked [B, H, L, L], L = 1024): the bool-mask forward went from 80.5 to 87.0% of copy
+  // (bf16) and from 74.1 to 82.2 (fp32) with it; causal rows (dropout 0.1), which branched
+  // around half their vectors, from 73.4 to 71.5 (bf16).
   template <int VEC, bool kVectorMask>
-  __device__ __forceinline__ void apply(int64_t c0, const MaskBytes<VEC>& bytes, acc_t<T> (&scaled)[VEC]) const {
+  __device__ __forceinline__ void apply(int64_t c0, const MaskBytes<VEC>& bytes, acc_t<T> (&scaled)[VEC],
+                                        bool live = true) const {
     if constexpr (!kVectorMask) {
       if (kind == MaskKind::Additive || (kind == MaskKind::Bool && !vector_bytes<VEC, false>(c0))) {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) scaled[j] = logit(c0 + j, scaled[j]);
+        for (int j = 0; j < VEC; ++j) scaled[j] = live ? logit(c0 + j, scaled[j]) : neg_inf<acc_t<T>>();
         return;
       }
     }
-    uint32_t visible = causal_bits<VEC, kVectorMask>(c0);
+    uint32_t visible = live ? causal_bits<VEC, kVectorMask>(c0) : 0u;
     if (kind == MaskKind::Bool) visible &= bool_bits(bytes);
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
@@ -531,18 +547,20 @@ template <typename T, bool MASKED> struct ForwardRow {
   // would be off by the product's rounding error, which is huge for huge logits.
   template <int VEC, bool kVectorMask = false>
   __device__ __forceinline__ void logits(const ForwardArgs<T>& a, int64_t c0, const AlignedVector<T, VEC>& x,
-                                         const MaskBytes<VEC>& bytes, acc_t<T> (&out)[VEC]) const {
+                                         const MaskBytes<VEC>& bytes, acc_t<T> (&out)[VEC], bool live = true) const {
     widen(x, out);
 #pragma unroll
     for (int j = 0; j < VEC; ++j) out[j] = mul_rn(out[j], a.scale);
-    if constexpr (MASKED) mask.template apply<VEC, kVectorMask>(c0, bytes, out);
+    if constexpr (MASKED) mask.template apply<VEC, kVectorMask>(c0, bytes, out, live);
   }
   // Stores the outputs of columns c0 ... of `row` from their VEC logits, or with kExps (never
-  // for log_softmax) from exp(logit - m) for some m, whose probabilities are exps * factor, or
-  // with kShiftedLogs (log_softmax only) from logit - row max, whose log-probabilities are
-  // values - factor (factor = stats.log_shift()).
-  // `keep`: the vector's dropout bits (keep()).
-  template <int VEC, bool kExps = false, bool kShiftedLogs = false>
+  // for log_softmax) from exp(logit - m) for some m, whose probabilities (with dropout: times
+  // keep_scale) are exps * factor, or with kShiftedLogs (log_softmax only) from logit - row max,
+  // whose log-probabilities are values - factor (factor = stats.log_shift()).
+  // `keep`: the vector's dropout bits (keep()), applied with kDropout where a.dropout: kernels
+  // that branch on a.dropout once pass its value, so that rows without dropout spend no
+  // instructions on it (a select and a multiply an element, when the check was per element).
+  template <int VEC, bool kDropout, bool kExps = false, bool kShiftedLogs = false>
   __device__ __forceinline__ void store(const ForwardArgs<T>& a, int64_t row, int64_t c0, const acc_t<T> (&values)[VEC],
                                         uint32_t keep, const RowStats<T>& stats, acc_t<T> factor = 0) const {
     AlignedVector<T, VEC> v;
@@ -558,7 +576,10 @@ template <typename T, bool MASKED> struct ForwardRow {
       } else {
         y = stats.prob(values[j]);
       }
-      if (MASKED && a.dropout) y = (keep >> j) & 1u ? y * a.keep_scale : acc_t<T>(0);
+      if (MASKED && kDropout && a.dropout) {
+        if (!kExps) y *= a.keep_scale;
+        y = (keep >> j) & 1u ? y : acc_t<T>(0);
+      }
       v.val[j] = from_acc<T>(y);
     }
     store_vector<T, VEC>(a.out + row * a.cols + c0, v);
@@ -585,17 +606,22 @@ template <typename T, bool MASKED> struct ForwardRow {
 // A backward row turns loaded (a, dy) into (y, g) such that
 //   softmax:     partial = g * y,  dx = scale * y * (g - S)
 //   log_softmax: partial = g,      dx = scale * (g - exp(y) * S)
-// with S the row sum of partial. Masked softmax recomputes y = exp(logit - lse) and applies the
-// dropout mask to g.
+// with S the row sum of partial. Masked softmax recomputes y = exp(logit - lse) and zeros g
+// where dropout dropped the output; the dropout's keep_scale, a factor of every kept g, of S
+// and so of dx, is taken into `scale` (one multiply a row instead of one an element).
 template <typename T, bool MASKED> struct BackwardRow {
   MaskRow<T> mask;
   PhiloxKey key;
   acc_t<T> lse;
-  __device__ BackwardRow(const BackwardArgs<T>& a, int64_t row, bool valid) {
+  acc_t<T> scale;
+  __device__ BackwardRow(const BackwardArgs<T>& a, int64_t row, bool valid) : scale(a.scale) {
     if constexpr (MASKED) {
       mask = mask_row<T>(a.mask, a.locator, row, a.q_len, a.causal);
       lse = valid ? a.lse[row] : pos_inf<acc_t<T>>();
-      if (a.dropout) key = {static_cast<uint64_t>(a.rng_state[0]), static_cast<uint64_t>(a.rng_state[1])};
+      if (a.dropout) {
+        key = {static_cast<uint64_t>(a.rng_state[0]), static_cast<uint64_t>(a.rng_state[1])};
+        scale *= a.keep_scale;
+      }
     }
   }
   __device__ __forceinline__ bool hidden_from(int64_t c0) const {
@@ -615,7 +641,9 @@ template <typename T, bool MASKED> struct BackwardRow {
     if constexpr (MASKED) return mask.template load_bytes<VEC, kVectorMask>(c0, live);
     return {};
   }
-  template <int VEC, bool kVectorMask = false>
+  // `keep`: the vector's dropout bits, applied with kDropout where a.dropout (see
+  // ForwardRow::store).
+  template <int VEC, bool kDropout, bool kVectorMask = false>
   __device__ __forceinline__ void prepare(const BackwardArgs<T>& a, int64_t c0, const AlignedVector<T, VEC>& va,
                                           const AlignedVector<T, VEC>& vdy, const MaskBytes<VEC>& bytes,
                                           uint32_t keep, acc_t<T> (&y)[VEC], acc_t<T> (&g)[VEC]) const {
@@ -628,7 +656,7 @@ template <typename T, bool MASKED> struct BackwardRow {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         y[j] = exp_acc<T>(y[j] - lse);
-        if (a.dropout) g[j] = (keep >> j) & 1u ? g[j] * a.keep_scale : acc_t<T>(0);
+        if (kDropout && a.dropout) g[j] = (keep >> j) & 1u ? g[j] : acc_t<T>(0);
       }
     }
   }
@@ -636,7 +664,7 @@ template <typename T, bool MASKED> struct BackwardRow {
     return !MASKED && a.log ? g : g * y;
   }
   __device__ __forceinline__ acc_t<T> grad(const BackwardArgs<T>& a, acc_t<T> y, acc_t<T> g, acc_t<T> sum) const {
-    return !MASKED && a.log ? a.scale * (g - exp_acc<T>(y) * sum) : a.scale * y * (g - sum);
+    return !MASKED && a.log ? scale * (g - exp_acc<T>(y) * sum) : scale * y * (g - sum);
   }
 };
 
@@ -769,9 +797,10 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
         }
       }
     }
-    // The thread's logits (-inf outside the row) and their max. Masked rows branch around the
-    // vectors outside the row or hidden by the causal mask (no mask reads or arithmetic there).
-    constexpr bool kBranchless = !MASKED && !kPrefetch;
+    // The thread's logits (-inf outside the row) and their max. Rows that prefetch branch
+    // around the vectors outside the row; the others mask them (masked rows: also the vectors
+    // hidden by the causal mask, through the mask's bits: see MaskRow::apply).
+    constexpr bool kBranchless = !kPrefetch;
     A values[ITEMS][VEC];
     A thread_max = neg_inf<A>();
 #pragma unroll
@@ -783,10 +812,10 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
         for (int j = 0; j < VEC; ++j) values[i][j] = neg_inf<A>();
         continue;
       }
-      ctx.template logits<VEC, true>(a, c0, cur[i], bytes[i], values[i]);
+      ctx.template logits<VEC, true>(a, c0, cur[i], bytes[i], values[i], live);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        if (kBranchless && !live) values[i][j] = neg_inf<A>();
+        if (!MASKED && kBranchless && !live) values[i][j] = neg_inf<A>();
         // One instruction where nan_max takes three. A single group need not carry a NaN in
         // the max: a NaN logit makes the sum, and so the whole row, NaN all the same.
         thread_max = kOnePass ? nan_max(thread_max, values[i][j]) : max(thread_max, values[i][j]);
@@ -802,7 +831,7 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
     // points of copy bandwidth below softmax on the H200; fp32 ran level). ptxas gives the bf16
     // kernels no more registers for it, but fp16 ones 7-11 more (48 -> 55-59): they keep the logits.
     constexpr bool kShiftedLogs = !kOnePass && !MASKED && std::is_same<T, __nv_bfloat16>::value;
-    const A shift_max = kOnePass ? thread_max : group_reduce<G>(thread_max, NanMaxOp{}, neg_inf<A>(), scratch);
+    const A shift_max = kOnePass ? thread_max : group_reduce<G>(thread_max, FmaxOp{}, neg_inf<A>(), scratch);
     const bool shift_empty = shift_max == neg_inf<A>();
     const A shift = shift_empty ? A(0) : shift_max;
     const bool keep_exps = (!kOnePass || sizeof(T) == 2) && (MASKED || !a.log);
@@ -838,18 +867,27 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
       if (a.log) factor = stats.log_shift();
     }
     if constexpr (kOnePass) factor = shift_empty ? A(0) : exp_acc<T>(thread_max - stats.max) * stats.inv_sum;
+    auto store_row = [&](auto dropout) {
+      constexpr bool kDropout = decltype(dropout)::value;
+      const A exps_factor = kDropout ? factor * a.keep_scale : factor;
 #pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      const int c0 = slice.column(i);
-      if (valid && c0 < cols) {
-        if (keep_exps) {
-          ctx.template store<VEC, true>(a, row, c0, values[i], keep >> (i * VEC), stats, factor);
-        } else if constexpr (kShiftedLogs) {
-          ctx.template store<VEC, false, true>(a, row, c0, values[i], keep >> (i * VEC), stats, factor);
-        } else {
-          ctx.template store<VEC, false>(a, row, c0, values[i], keep >> (i * VEC), stats);
+      for (int i = 0; i < ITEMS; ++i) {
+        const int c0 = slice.column(i);
+        if (valid && c0 < cols) {
+          if (keep_exps) {
+            ctx.template store<VEC, kDropout, true>(a, row, c0, values[i], keep >> (i * VEC), stats, exps_factor);
+          } else if constexpr (kShiftedLogs) {
+            ctx.template store<VEC, false, false, true>(a, row, c0, values[i], keep >> (i * VEC), stats, factor);
+          } else {
+            ctx.template store<VEC, kDropout>(a, row, c0, values[i], keep >> (i * VEC), stats);
+          }
         }
       }
+    };
+    if (MASKED && a.dropout) {
+      store_row(std::true_type{});
+    } else {
+      store_row(std::false_type{});
     }
     if (valid && Cursor::lane() == 0 && Cursor::rank() == 0) ctx.finish(a, row, stats);
   }
@@ -925,23 +963,32 @@ __global__ void __launch_bounds__(block_threads(G)) register_backward_kernel(Bac
     }
     // (y, g) of every vector; 0 outside the row and where hidden, so dx = 0 there (plain rows
     // without prefetch get that from the zero vectors of load_live; masked rows branch around
-    // those vectors, skipping their mask, exps and dropout bits).
+    // those vectors, skipping their mask, exps and dropout bits: masking them as the forward
+    // does lost up to 12 points of copy, fp32 at L = 4096, launcher timing, session 9).
     constexpr bool kBranchless = !MASKED && !kPrefetch;
     A y[ITEMS][VEC], g[ITEMS][VEC];
     A sum = 0;
+    auto prepare_row = [&](auto dropout) {
+      constexpr bool kDropout = decltype(dropout)::value;
 #pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      const int c0 = slice.column(i);
-      const bool live = valid && c0 < cols && !ctx.hidden_from(c0);
-      if (!kBranchless && !live) {
+      for (int i = 0; i < ITEMS; ++i) {
+        const int c0 = slice.column(i);
+        const bool live = valid && c0 < cols && !ctx.hidden_from(c0);
+        if (!kBranchless && !live) {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) y[i][j] = g[i][j] = A(0);
-        continue;
+          for (int j = 0; j < VEC; ++j) y[i][j] = g[i][j] = A(0);
+          continue;
+        }
+        const uint32_t keep = kDropout ? ctx.template keep<VEC>(a, row, c0) : ~0u;
+        ctx.template prepare<VEC, kDropout, true>(a, c0, cur_a[i], cur_dy[i], bytes[i], keep, y[i], g[i]);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) sum += ctx.partial(a, y[i][j], g[i][j]);
       }
-      ctx.template prepare<VEC, true>(a, c0, cur_a[i], cur_dy[i], bytes[i], ctx.template keep<VEC>(a, row, c0),
-                                      y[i], g[i]);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) sum += ctx.partial(a, y[i][j], g[i][j]);
+    };
+    if (MASKED && a.dropout) {
+      prepare_row(std::true_type{});
+    } else {
+      prepare_row(std::false_type{});
     }
     if constexpr (PERSISTENT && !kPrefetch) {
       const int64_t next_row = Cursor::row(base + Cursor::step());
@@ -959,7 +1006,7 @@ __global__ void __launch_bounds__(block_threads(G)) register_backward_kernel(Bac
 #pragma unroll
           for (int j = 0; j < VEC; ++j) v.val[j] = from_acc<T>(A(0));
         } else {
-          if constexpr (kRemake) ctx.template prepare<VEC, true>(a, c0, cur_a[i], cur_dy[i], bytes[i], ~0u, y[i], g[i]);
+          if constexpr (kRemake) ctx.template prepare<VEC, false, true>(a, c0, cur_a[i], cur_dy[i], bytes[i], ~0u, y[i], g[i]);
 #pragma unroll
           for (int j = 0; j < VEC; ++j) v.val[j] = from_acc<T>(ctx.grad(a, y[i][j], g[i][j], sum));
         }
@@ -1034,7 +1081,7 @@ __global__ void __launch_bounds__(block_threads(G)) streamed_forward_kernel(Forw
     stream_row<G, VEC, CACHE, false>(x, cache, cols, [&](int64_t c0, const AlignedVector<T, VEC>& v) {
       A logits[VEC];
       ctx.template logits<VEC>(a, c0, v, ctx.template mask_bytes<VEC>(c0, true), logits);
-      ctx.template store<VEC>(a, row, c0, logits, ctx.template keep<VEC>(a, row, c0), stats);
+      ctx.template store<VEC, MASKED>(a, row, c0, logits, ctx.template keep<VEC>(a, row, c0), stats);
     });
     if (valid && Cursor::lane() == 0) ctx.finish(a, row, stats);
   }
@@ -1079,7 +1126,7 @@ __global__ void __launch_bounds__(block_threads(G)) streamed_backward_kernel(Bac
               store_vector<T, VEC>(cache_dy + cu, vdy[u]);
             }
             A y[VEC], g[VEC];
-            ctx.template prepare<VEC>(a, cu, va[u], vdy[u], ctx.template mask_bytes<VEC>(cu, true),
+            ctx.template prepare<VEC, MASKED>(a, cu, va[u], vdy[u], ctx.template mask_bytes<VEC>(cu, true),
                                       ctx.template keep<VEC>(a, row, cu), y, g);
             f(cu, y, g);
           }
