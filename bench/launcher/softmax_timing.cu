@@ -12,12 +12,23 @@ namespace {
 using fusedops::DType;
 constexpr int64_t kElements = int64_t(1) << 27;
 
+// The row tensors of a forward and its backward: x (uniform in [-4, 4)), y, dy, dx.
+template <typename T> struct RowTensors {
+  static constexpr size_t kSize = static_cast<size_t>(kElements);
+  T* x = timing::random_buffer<T>(kSize, 1, 4.0f);
+  T* y = timing::empty_buffer<T>(kSize);
+  T* dy = timing::random_buffer<T>(kSize, 2);
+  T* dx = timing::empty_buffer<T>(kSize);
+  ~RowTensors() {
+    for (void* ptr : std::initializer_list<void*>{x, y, dy, dx}) cudaFree(ptr);
+  }
+};
+
 template <typename T> void time_dtype(DType dtype, const char* label, double copy) {
-  const size_t size = static_cast<size_t>(kElements);
-  T* x = timing::random_buffer<T>(size, 1, 4.0f);
-  T* y = timing::empty_buffer<T>(size);
-  T* dy = timing::random_buffer<T>(size, 2);
-  T* dx = timing::empty_buffer<T>(size);
+  const size_t size = RowTensors<T>::kSize;
+  const RowTensors<T> t;
+  const T *x = t.x, *dy = t.dy;
+  T *y = t.y, *dx = t.dx;
   for (const int64_t n : {128, 1024, 4096, 16384, 65536, 262144}) {
     const int64_t rows = kElements / n;
     const fusedops::SoftmaxParams f{x, y, rows, n, n, 1.0, false};
@@ -30,7 +41,6 @@ template <typename T> void time_dtype(DType dtype, const char* label, double cop
     timing::report(name, n, 3.0 * size * sizeof(T),
                    timing::median_ms([&] { return fusedops::launch_softmax_bwd(b, dtype, nullptr); }), copy);
   }
-  for (void* ptr : std::initializer_list<void*>{x, y, dy, dx}) cudaFree(ptr);
 }
 
 // Bytes 0 or 1, one in ten 0 (as bench/softmax.py's mask).
@@ -40,11 +50,10 @@ __global__ void bool_mask_kernel(char* mask, size_t n) {
 }
 
 template <typename T> void time_masked(DType dtype, const char* label, double copy) {
-  const size_t size = static_cast<size_t>(kElements);
-  T* x = timing::random_buffer<T>(size, 1, 4.0f);
-  T* out = timing::empty_buffer<T>(size);
-  T* dy = timing::random_buffer<T>(size, 2);
-  T* dx = timing::empty_buffer<T>(size);
+  const size_t size = RowTensors<T>::kSize;
+  const RowTensors<T> t;
+  const T *x = t.x, *dy = t.dy;
+  T *out = t.y, *dx = t.dx;
   float* lse = timing::empty_buffer<float>(size / 256);
   int64_t* rng_state = timing::empty_buffer<int64_t>(2);
   for (const int64_t length : {1024, 4096}) {
@@ -97,7 +106,8 @@ template <typename T> void time_masked(DType dtype, const char* label, double co
     }
     cudaFree(mask);
   }
-  for (void* ptr : std::initializer_list<void*>{x, out, dy, dx, lse, rng_state}) cudaFree(ptr);
+  cudaFree(lse);
+  cudaFree(rng_state);
 }
 
 }  // namespace
