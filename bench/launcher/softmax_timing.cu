@@ -56,7 +56,7 @@ template <typename T> void time_masked(DType dtype, const char* label, double co
   T *out = t.y, *dx = t.dx;
   float* lse = timing::empty_buffer<float>(size / 256);
   int64_t* rng_state = timing::empty_buffer<int64_t>(2);
-  for (const int64_t length : {1024, 4096}) {
+  for (const int64_t length : {512, 1024, 2048, 4096}) {
     const int64_t heads = std::min<int64_t>(16, kElements / (length * length));
     const int64_t batch = kElements / (heads * length * length);
     const size_t mask_bytes = static_cast<size_t>(batch * length * length);

@@ -685,8 +685,11 @@ constexpr bool register_prefetch() {
 // least kMaskedThreadsPerSM resident threads (85 registers a thread; left alone they take up to
 // 93), which they fit without spilling. Plain rows are left to ptxas: a full SM (32 registers)
 // measured the same as its choice for 16 elements a thread and made 32 spill (H200, session 3).
-// The backward and masked cluster rows would spill: they are left free. 0 leaves ptxas its
-// default (an explicit 1 changes its register choices).
+// Masked cluster rows would spill and are left free, as is the 16-bit masked backward; the fp32
+// masked backward takes the bound too (80 registers, no spills, where ptxas chose 92-102): H200,
+// session 9, launcher timing, masked [B, H, L, L] with dropout 0.1, L = 512 / 1024 / 2048 / 4096:
+// 77.0 / 88.8 / 88.8 / 67.7 -> 83.8 / 94.1 / 92.1 / 91.7% of copy (16-bit rows: level or lower
+// with it). 0 leaves ptxas its default (an explicit 1 changes its register choices).
 constexpr int kMaskedThreadsPerSM = 768;
 __host__ __device__ constexpr int register_min_blocks(int group, bool masked, int cluster) {
   const int threads = block_threads(group);
@@ -895,7 +898,8 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
 }
 
 template <typename T, int G, int ITEMS, int VEC, bool MASKED, int CLUSTER, bool PERSISTENT>
-__global__ void __launch_bounds__(block_threads(G)) register_backward_kernel(BackwardArgs<T> a) {
+__global__ void __launch_bounds__(block_threads(G), sizeof(T) == 4 ? register_min_blocks(G, MASKED, CLUSTER) : 0)
+    register_backward_kernel(BackwardArgs<T> a) {
   using A = acc_t<T>;
   using Cursor = RowCursor<G, CLUSTER>;
   using Vec = AlignedVector<T, VEC>;
