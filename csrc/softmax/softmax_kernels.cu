@@ -1805,18 +1805,20 @@ cudaError_t launch_cluster_wave(Kernel kernel, int64_t rows, int cluster, int th
 
 // Staged rows: one resident wave of clusters (kStagedBlocksPerSm blocks per SM, each with
 // its share of kStagedRingBytes as its stage ring, in dynamic shared memory), each looping over
-// rows, or one cluster per row when there are fewer rows.
+// rows, or one cluster per row when there are fewer rows. Cluster rows run `pipelined` (the
+// software-pipelined kernel, kPipelinedStagedRows) where the ring holds kPipelineMinStages,
+// single-block rows and smaller rings `plain`.
 template <typename T, int VECS, int THREADS, class Kernel, class Args>
-cudaError_t launch_staged(Kernel kernel, const Args& args, int cluster, int tensors, cudaStream_t stream,
-                          int min_stages = 1) {
+cudaError_t launch_staged(Kernel plain, Kernel pipelined, const Args& args, int cluster, int tensors,
+                          cudaStream_t stream) {
   StagedShape shape;
   shape.cluster = cluster;
   const int64_t chunk_bytes = int64_t(THREADS) * VECS * 16;
   shape.tensor_bytes = static_cast<int>((std::min<int64_t>(chunk_bytes, args.cols * int64_t(sizeof(T))) + 127) / 128 * 128);
   const int ring_bytes = kStagedRingBytes / kStagedBlocksPerSm<THREADS>;
   shape.stages = std::min(kMaxStages, ring_bytes / (tensors * shape.tensor_bytes));
-  if (shape.stages < min_stages) return cudaErrorNotSupported;
   const int shared_bytes = shape.stages * tensors * shape.tensor_bytes;
+  const Kernel kernel = cluster > 1 && shape.stages >= kPipelineMinStages ? pipelined : plain;
   return launch_cluster_wave(kernel, args.rows, cluster, THREADS, shared_bytes, stream, args, shape);
 }
 
@@ -1933,26 +1935,13 @@ template <typename T, bool MASKED, bool BACKWARD> struct RowLaunch {
     if constexpr (MASKED || !kBuilt) {
       return cudaErrorNotSupported;
     } else if constexpr (BACKWARD) {
-      if constexpr (kPipelinedStagedRows<T>) {
-        if (plan.cluster > 1) {
-          const cudaError_t err = launch_staged<T, VECS, THREADS>(staged_backward_kernel<T, VECS, true>, args,
-                                                                  plan.cluster, kTensors, stream, kPipelineMinStages);
-          if (err != cudaErrorNotSupported) return err;
-        }
-      }
-      return launch_staged<T, VECS, THREADS>(staged_backward_kernel<T, VECS, false>, args, plan.cluster, kTensors,
-                                             stream);
+      return launch_staged<T, VECS, THREADS>(staged_backward_kernel<T, VECS, false>,
+                                             staged_backward_kernel<T, VECS, kPipelinedStagedRows<T>>, args,
+                                             plan.cluster, kTensors, stream);
     } else {
-      if constexpr (kPipelinedStagedRows<T>) {
-        if (plan.cluster > 1) {
-          const cudaError_t err = launch_staged<T, VECS, THREADS>(staged_forward_kernel<T, VECS, THREADS, true>,
-                                                                  args, plan.cluster, kTensors, stream,
-                                                                  kPipelineMinStages);
-          if (err != cudaErrorNotSupported) return err;
-        }
-      }
-      return launch_staged<T, VECS, THREADS>(staged_forward_kernel<T, VECS, THREADS, false>, args, plan.cluster,
-                                             kTensors, stream);
+      return launch_staged<T, VECS, THREADS>(staged_forward_kernel<T, VECS, THREADS, false>,
+                                             staged_forward_kernel<T, VECS, THREADS, kPipelinedStagedRows<T>>, args,
+                                             plan.cluster, kTensors, stream);
     }
   }
   template <int G, int VEC, bool CACHE> cudaError_t streamed() const {
