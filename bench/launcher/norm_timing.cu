@@ -3,6 +3,8 @@
 #include "../../csrc/norm/norm_kernels.cu"
 #include "timing.cuh"
 
+#include <cstring>
+
 namespace {
 
 using fusedops::DType;
@@ -17,7 +19,7 @@ double norm_bytes(bool layer, bool add, bool backward, int64_t rows, int64_t n) 
   return row_tensors * rows * n * kElemBytes + params * (backward ? 2 : 1) + stats;
 }
 
-void time_shape(int64_t n, double copy) {
+void time_shape(int64_t n, double copy, bool forward_only) {
   const int64_t rows = kElements / n;
   const size_t size = static_cast<size_t>(kElements);
   T* x = timing::random_buffer<T>(size, 1, 2.0f, 0.5f);
@@ -45,6 +47,7 @@ void time_shape(int64_t n, double copy) {
       char name[32];
       std::snprintf(name, sizeof(name), "%s_fwd", prefix);
       timing::report(name, n, norm_bytes(layer, add, false, rows, n), timing::median_ms(forward), copy);
+      if (forward_only) continue;
       fusedops::NormBwdParams b{dy, add ? dresidual_out : nullptr, add ? residual_out : x, layer ? mean : nullptr,
                                 rstd, weight, dx, dweight, layer ? dbias : nullptr, nullptr, nullptr, rows, n, n, n, n};
       const int64_t blocks = fusedops::norm_bwd_blocks(b, DType::BFloat16, DType::BFloat16, !layer);
@@ -67,9 +70,14 @@ void time_shape(int64_t n, double copy) {
 
 }  // namespace
 
+// NORM_TIMING=fwd times the forwards only; NORM_TIMING_N=n the hidden size n only.
 int main() {
+  const char* cases = std::getenv("NORM_TIMING");
+  const bool forward_only = cases != nullptr && std::strcmp(cases, "fwd") == 0;
+  const char* only_n = std::getenv("NORM_TIMING_N");
   const double copy = timing::copy_gbs();
   std::printf("copy %.1f GB/s\n", copy);
-  for (const int64_t n : {512, 1024, 2048, 4096, 8192, 16384, 32768}) time_shape(n, copy);
+  for (const int64_t n : {512, 1024, 2048, 4096, 8192, 16384, 32768})
+    if (only_n == nullptr || std::atoll(only_n) == n) time_shape(n, copy, forward_only);
   return 0;
 }

@@ -6,8 +6,10 @@
 # VARIANTS: lines `name|family|sed script` (family: norm or softmax); the script is applied to a
 # copy of csrc/<family>/<family>_kernels.cu (empty: the file as it is; list it twice to see the
 # noise), or `@DIR` builds the csrc tree in DIR instead (a baseline: e.g. `git archive` of an
-# earlier commit's csrc). Every variant's bench/launcher/<family>_timing.cu is built in parallel (a script that
-# changes nothing, or a failed build, drops the variant), then run in the listed order. Writes
+# earlier commit's csrc), or `=FILE` runs FILE, a harness binary built beforehand (elsewhere,
+# with the same nvcc: no build on the timing machine). Every variant's
+# bench/launcher/<family>_timing.cu is built in parallel (a script that changes nothing, or a
+# failed build, drops the variant), then run in the listed order. Writes
 # <family>.txt (every run) and <family>_table.md (% of copy, one column per variant) to OUTDIR
 # (default $OUT, else ./variants_logs), and every build's log (ptxas registers and spills) to
 # builds.tar.gz. TIMING_ARCH picks the architecture (default sm_90a); VARIANT_TIMEOUT caps each
@@ -24,6 +26,7 @@ nvcc="$(command -v nvcc || echo "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc")"
 build() {  # name family script
   local dir="$work/$2-$1" file="csrc/$2/$2_kernels.cu"
   mkdir -p "$dir/bench"
+  if [[ $3 == =* ]]; then cp "$root/${3#=}" "$dir/timing" && echo "prebuilt ${3#=}" >"$dir/build.log"; return; fi
   cp -r "$root/csrc" "$dir/" && cp -r "$root/bench/launcher" "$dir/bench/"
   if [[ $3 == @* ]]; then
     rm -rf "$dir/csrc" && cp -r "${3#@}" "$dir/csrc" || return 1
