@@ -212,7 +212,9 @@ __device__ __forceinline__ void pipeline_rows(int64_t first, int64_t step, int64
     const bool reduces = row < rows;
     Carry now{};
     if (reduces) {
-      const FreedStage freed{row - 2 * step >= first, (at.stage + stages - 2) % stages, row - 2 * step};
+      // The stage two rows back (stages >= 2), without a division.
+      const FreedStage freed{row - 2 * step >= first, at.stage >= 2 ? at.stage - 2 : at.stage + stages - 2,
+                             row - 2 * step};
       now = reduce(row, at, slot, freed);
     }
     if (row > first) finish(row - step, prev_at, prev_slot, prev);
