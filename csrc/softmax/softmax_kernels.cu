@@ -641,9 +641,8 @@ template <typename T, bool MASKED> struct BackwardRow {
     if constexpr (MASKED) return mask.template load_bytes<VEC, kVectorMask>(c0, live);
     return {};
   }
-  // `keep`: the vector's dropout bits, applied with kDropout where a.dropout (see
-  // ForwardRow::store).
-  template <int VEC, bool kDropout, bool kVectorMask = false>
+  // `keep`: the vector's dropout bits (keep(); all ones without dropout).
+  template <int VEC, bool kVectorMask = false>
   __device__ __forceinline__ void prepare(const BackwardArgs<T>& a, int64_t c0, const AlignedVector<T, VEC>& va,
                                           const AlignedVector<T, VEC>& vdy, const MaskBytes<VEC>& bytes,
                                           uint32_t keep, acc_t<T> (&y)[VEC], acc_t<T> (&g)[VEC]) const {
@@ -656,7 +655,7 @@ template <typename T, bool MASKED> struct BackwardRow {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         y[j] = exp_acc<T>(y[j] - lse);
-        if (kDropout && a.dropout) g[j] = (keep >> j) & 1u ? g[j] : acc_t<T>(0);
+        if (a.dropout) g[j] = (keep >> j) & 1u ? g[j] : acc_t<T>(0);
       }
     }
   }
@@ -984,8 +983,8 @@ __global__ void __launch_bounds__(block_threads(G), sizeof(T) == 4 ? register_mi
         for (int j = 0; j < VEC; ++j) y[i][j] = g[i][j] = A(0);
         continue;
       }
-      ctx.template prepare<VEC, MASKED, true>(a, c0, cur_a[i], cur_dy[i], bytes[i], ctx.template keep<VEC>(a, row, c0),
-                                              y[i], g[i]);
+      ctx.template prepare<VEC, true>(a, c0, cur_a[i], cur_dy[i], bytes[i], ctx.template keep<VEC>(a, row, c0),
+                                      y[i], g[i]);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) sum += ctx.partial(a, y[i][j], g[i][j]);
     }
@@ -1005,7 +1004,7 @@ __global__ void __launch_bounds__(block_threads(G), sizeof(T) == 4 ? register_mi
 #pragma unroll
           for (int j = 0; j < VEC; ++j) v.val[j] = from_acc<T>(A(0));
         } else {
-          if constexpr (kRemake) ctx.template prepare<VEC, false, true>(a, c0, cur_a[i], cur_dy[i], bytes[i], ~0u, y[i], g[i]);
+          if constexpr (kRemake) ctx.template prepare<VEC, true>(a, c0, cur_a[i], cur_dy[i], bytes[i], ~0u, y[i], g[i]);
 #pragma unroll
           for (int j = 0; j < VEC; ++j) v.val[j] = from_acc<T>(ctx.grad(a, y[i][j], g[i][j], sum));
         }
@@ -1125,7 +1124,7 @@ __global__ void __launch_bounds__(block_threads(G)) streamed_backward_kernel(Bac
               store_vector<T, VEC>(cache_dy + cu, vdy[u]);
             }
             A y[VEC], g[VEC];
-            ctx.template prepare<VEC, MASKED>(a, cu, va[u], vdy[u], ctx.template mask_bytes<VEC>(cu, true),
+            ctx.template prepare<VEC>(a, cu, va[u], vdy[u], ctx.template mask_bytes<VEC>(cu, true),
                                       ctx.template keep<VEC>(a, row, cu), y, g);
             f(cu, y, g);
           }
@@ -1305,9 +1304,9 @@ __device__ __forceinline__ V inbox_reduce(const V* inbox, int cluster, Op op, V 
 // The cluster's reduction of one value per block and row.
 template <typename V, class Op, int SLOTS>
 __device__ __forceinline__ V cluster_exchange_reduce(const ClusterExchange<V, SLOTS>& exchange, V value, Op op,
-                                                     V identity, int parity, uint32_t phase) {
+                                                     V identity, int slot, uint32_t phase) {
   if (exchange.cluster == 1) return value;
-  return inbox_reduce(exchange.exchange(value, parity, phase), exchange.cluster, op, identity);
+  return inbox_reduce(exchange.exchange(value, slot, phase), exchange.cluster, op, identity);
 }
 
 // The frame of a staged kernel: thread 0 fills the ring's first stages with the block's first
