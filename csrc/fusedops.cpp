@@ -25,11 +25,12 @@ TORCH_LIBRARY(fusedops, m) {
   m.def("masked_softmax_fwd(Tensor x, Tensor? mask, float scale, bool causal, float p, bool training) -> (Tensor, Tensor, Tensor)");
   m.def("masked_softmax_bwd(Tensor grad, Tensor x, Tensor? mask, Tensor lse, Tensor rng_state, float scale, bool causal, float p) -> Tensor");
 
-  // Norms
-  m.def("layer_norm_fwd(Tensor input, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)");
-  m.def("rms_norm_fwd(Tensor input, int[] normalized_shape, Tensor? weight, float eps) -> (Tensor, Tensor)");
-  m.def("add_layer_norm_fwd(Tensor input, Tensor residual, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor, Tensor)");
-  m.def("add_rms_norm_fwd(Tensor input, Tensor residual, int[] normalized_shape, Tensor? weight, float eps) -> (Tensor, Tensor, Tensor)");
+  // Norms. return_stats=False: the caller does not use mean / rstd (they come back empty), unless
+  // autograd records the call and saves them for the backward.
+  m.def("layer_norm_fwd(Tensor input, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, *, bool return_stats=True) -> (Tensor, Tensor, Tensor)");
+  m.def("rms_norm_fwd(Tensor input, int[] normalized_shape, Tensor? weight, float eps, *, bool return_stats=True) -> (Tensor, Tensor)");
+  m.def("add_layer_norm_fwd(Tensor input, Tensor residual, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, *, bool return_stats=True) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("add_rms_norm_fwd(Tensor input, Tensor residual, int[] normalized_shape, Tensor? weight, float eps, *, bool return_stats=True) -> (Tensor, Tensor, Tensor)");
   m.def("layer_norm_bwd(Tensor grad_out, Tensor? grad_residual_out, Tensor input, Tensor mean, Tensor rstd, int[] normalized_shape, Tensor? weight, Tensor? bias) -> (Tensor, Tensor, Tensor)");
   m.def("rms_norm_bwd(Tensor grad_out, Tensor? grad_residual_out, Tensor input, Tensor rstd, int[] normalized_shape, Tensor? weight) -> (Tensor, Tensor)");
 

@@ -207,6 +207,33 @@ def test_cpu_statistics_are_not_differentiable():
     assert out.requires_grad and not mean.requires_grad and not rstd.requires_grad
 
 
+# The forwards on [3, 5, 8] input: (name, positional arguments, number of statistics).
+def _forward_calls(x, r, w):
+    return [
+        ("layer_norm_fwd", (x, [8], w, None, 1e-5), 2),
+        ("rms_norm_fwd", (x, [8], w, 1e-6), 1),
+        ("add_layer_norm_fwd", (x, r, [8], w, None, 1e-5), 2),
+        ("add_rms_norm_fwd", (x, r, [8], w, 1e-6), 1),
+    ]
+
+
+@pytest.mark.parametrize("index", range(4))
+def test_cpu_return_stats_false(index):
+    """return_stats=False gives empty statistics, unless autograd records the call (its backward
+    reads them); the output is the same either way."""
+    x, r, w = torch.randn(3, 5, 8), torch.randn(3, 5, 8), torch.randn(8)
+    name, args, count = _forward_calls(x, r, w)[index]
+    op = getattr(ops, name)
+    outs = op(*args, return_stats=False)
+    assert all(s.shape == (0,) and s.dtype == torch.float32 for s in outs[-count:]), name
+    for o, f in zip(outs[:-count], op(*args)[:-count]):
+        torch.testing.assert_close(o, f, rtol=0, atol=0)
+    w.requires_grad_(True)
+    assert all(s.shape == (3, 5) for s in op(*args, return_stats=False)[-count:]), name
+    with torch.no_grad():
+        assert all(s.shape == (0,) for s in op(*args, return_stats=False)[-count:]), name
+
+
 # ---- opcheck and torch.compile on CPU --------------------------------------------------------
 
 
@@ -225,12 +252,13 @@ def _op_samples(device, dtype=torch.float32):
     yield ops.layer_norm_bwd, (torch.randn_like(x), r, x, mean, rstd, [16], w.detach(), b.detach())
     yield ops.layer_norm_bwd, (torch.randn_like(x), None, x, mean, rstd, [16], None, None)
     yield ops.rms_norm_bwd, (torch.randn_like(x), None, x, rstd, [16], w.detach())
+    yield ops.layer_norm_fwd, (x, [16], w.detach(), b.detach(), 1e-5), {"return_stats": False}
+    yield ops.add_rms_norm_fwd, (x, r, [16], w.detach(), 1e-6), {"return_stats": False}
 
 
-@pytest.mark.parametrize("index", range(8))
+@pytest.mark.parametrize("index", range(10))
 def test_opcheck_cpu(index):
-    op, args = list(_op_samples("cpu"))[index]
-    torch.library.opcheck(op, args)
+    torch.library.opcheck(*list(_op_samples("cpu"))[index])
 
 
 def _block(x, r, w_ln, b_ln, w_rms):
@@ -342,7 +370,7 @@ REGISTER_VARIANTS = [
     (512, torch.bfloat16),  # fwd warp 2 chunks, bwd LN warp rows of 2 chunks, RMS register-sum rows
     (1024, torch.bfloat16),  # fwd one-row, bwd LN warp rows of 4 chunks
     (4096, torch.bfloat16),  # fwd one-row, bwd LN staged rows, RMS register-sum rows
-    (16384, torch.bfloat16),  # fwd one-row (LayerNorm at its longest), bwd staged rows on clusters of 2
+    (16384, torch.bfloat16),  # fwd one-row (LayerNorm 8 chunks a thread), bwd staged rows on clusters of 2
     (32768, torch.bfloat16),  # fwd LN prefetching 8 chunks, RMS one-row 8; bwd staged rows on clusters of 4
     (20000, torch.bfloat16),  # fwd LN prefetching 8 chunks, RMS one-row 8, threads past the row's end
     (16384, torch.float32),  # fwd LN prefetching 8 chunks (fp32 vectors of 4), RMS one-row 8
@@ -569,10 +597,52 @@ def _check_add_variant(kind, x):
 
 
 @gpu
-@pytest.mark.parametrize("index", range(8))
+@pytest.mark.parametrize("index", range(10))
 def test_gpu_opcheck(index):
-    op, args = list(_op_samples("cuda"))[index]
-    torch.library.opcheck(op, args)
+    torch.library.opcheck(*list(_op_samples("cuda"))[index])
+
+
+# Hidden sizes that select every forward kernel (see REGISTER_VARIANTS), 16-byte chunks and
+# scalar: warp rows of 1 and 2 chunks, one-row blocks of one warp, of 4 and of 8 chunks a thread,
+# prefetching rows, the streaming kernel past them.
+INFERENCE_SIZES = [(256, torch.bfloat16), (512, torch.bfloat16), (1024, torch.bfloat16), (4096, torch.float16),
+                   (16384, torch.bfloat16), (32768, torch.bfloat16), (65536, torch.bfloat16), (41, torch.float16),
+                   (3001, torch.bfloat16), (16384, torch.float32)]
+
+
+@gpu
+@pytest.mark.parametrize("n, dtype", INFERENCE_SIZES)
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"])
+def test_gpu_inference_forward_matches_training(kind, dtype, n):
+    """Without autograd the forward writes no statistics; its outputs are the training forward's,
+    bit for bit, and that forward's statistics match the reference."""
+    rows = max(3, 2**21 // n) + 1
+    x = torch.randn(rows, n, device="cuda", dtype=dtype) * 2 + 0.5
+    r = torch.randn_like(x)
+    w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
+    layer = "layer" in kind
+    args = (x, r) if kind.startswith("add_") else (x,)
+    args += ([n], w, b, 1e-5) if layer else ([n], w, 1e-5)
+    op = getattr(ops, f"{kind}_fwd")
+    count = 2 if layer else 1
+    inference = op(*args, return_stats=False)
+    assert all(t.numel() == 0 for t in inference[-count:])
+    training = op(*args)
+    for o, t in zip(inference[:-count], training[:-count]):
+        assert torch.equal(o, t), kind
+    normalized = training[1] if kind.startswith("add_") else x
+    expected = reference.layer_norm(normalized, [n], w, b, 1e-5) if layer else reference.rms_norm(normalized, [n], w, 1e-5)
+    for got, want in zip(training[-count:], expected[-count:]):
+        torch.testing.assert_close(got, want.float(), rtol=1e-4, atol=1e-4)
+
+
+@gpu
+@sanitizer
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"])
+def test_gpu_inference_forward_small(kind):
+    """The inference and training forwards of warp rows (block statistics) and 1024-thread rows."""
+    for n in (512, 32768):
+        test_gpu_inference_forward_matches_training(kind, torch.bfloat16, n)
 
 
 @gpu

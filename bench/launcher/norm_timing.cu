@@ -19,7 +19,8 @@ double norm_bytes(bool layer, bool add, bool backward, int64_t rows, int64_t n) 
   return row_tensors * rows * n * kElemBytes + params * (backward ? 2 : 1) + stats;
 }
 
-void time_shape(int64_t n, double copy, bool forward_only) {
+// stats: the forwards write mean / rstd (a training forward; else an inference one).
+void time_shape(int64_t n, double copy, bool forward_only, bool stats) {
   const int64_t rows = kElements / n;
   const size_t size = static_cast<size_t>(kElements);
   T* x = timing::random_buffer<T>(size, 1, 2.0f, 0.5f);
@@ -38,7 +39,8 @@ void time_shape(int64_t n, double copy, bool forward_only) {
   for (const bool add : {false, true}) {
     for (const bool layer : {true, false}) {
       fusedops::NormFwdParams f{x, add ? residual : nullptr, weight, layer ? bias : nullptr, out,
-                                add ? residual_out : nullptr, layer ? mean : nullptr, rstd, rows, n, n, n, 1e-5};
+                                add ? residual_out : nullptr, layer && stats ? mean : nullptr, stats ? rstd : nullptr,
+                                rows, n, n, n, 1e-5};
       auto forward = [&] {
         return layer ? fusedops::launch_layer_norm_fwd(f, DType::BFloat16, DType::BFloat16, nullptr)
                      : fusedops::launch_rms_norm_fwd(f, DType::BFloat16, DType::BFloat16, nullptr);
@@ -48,6 +50,11 @@ void time_shape(int64_t n, double copy, bool forward_only) {
       std::snprintf(name, sizeof(name), "%s_fwd", prefix);
       timing::report(name, n, norm_bytes(layer, add, false, rows, n), timing::median_ms(forward), copy);
       if (forward_only) continue;
+      if (!stats) {  // the backward reads a training forward's statistics
+        f.mean = layer ? mean : nullptr;
+        f.rstd = rstd;
+        forward();
+      }
       fusedops::NormBwdParams b{dy, add ? dresidual_out : nullptr, add ? residual_out : x, layer ? mean : nullptr,
                                 rstd, weight, dx, dweight, layer ? dbias : nullptr, nullptr, nullptr, rows, n, n, n, n};
       const int64_t blocks = fusedops::norm_bwd_blocks(b, DType::BFloat16, DType::BFloat16, !layer);
@@ -70,14 +77,17 @@ void time_shape(int64_t n, double copy, bool forward_only) {
 
 }  // namespace
 
-// NORM_TIMING=fwd times the forwards only; NORM_TIMING_N=n the hidden size n only.
+// NORM_TIMING=fwd times the forwards only; NORM_TIMING_N=n the hidden size n only;
+// NORM_TIMING_STATS=none times forwards that do not write mean / rstd (inference).
 int main() {
   const char* cases = std::getenv("NORM_TIMING");
   const bool forward_only = cases != nullptr && std::strcmp(cases, "fwd") == 0;
+  const char* stats = std::getenv("NORM_TIMING_STATS");
+  const bool forward_stats = stats == nullptr || std::strcmp(stats, "none") != 0;
   const char* only_n = std::getenv("NORM_TIMING_N");
   const double copy = timing::copy_gbs();
   std::printf("copy %.1f GB/s\n", copy);
   for (const int64_t n : {512, 1024, 2048, 4096, 8192, 16384, 32768})
-    if (only_n == nullptr || std::atoll(only_n) == n) time_shape(n, copy, forward_only);
+    if (only_n == nullptr || std::atoll(only_n) == n) time_shape(n, copy, forward_only, forward_stats);
   return 0;
 }

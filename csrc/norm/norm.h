@@ -21,8 +21,8 @@ struct NormFwdParams {
   const void* bias;      // optional, [cols] (LayerNorm only)
   void* out;
   void* residual_out;    // written iff residual is given
-  float* mean;           // LayerNorm only
-  float* rstd;
+  float* mean;           // LayerNorm only; null with rstd when the statistics are not kept
+  float* rstd;           // optional: not written when null
   int64_t rows;
   int64_t cols;
   int64_t x_row_stride;

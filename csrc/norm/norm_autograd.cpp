@@ -11,34 +11,35 @@ namespace {
 using Tensor3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 
 // The forward op, called below autograd. Outputs: out, residual_out (with a residual), mean
-// (LayerNorm), rstd.
+// (LayerNorm), rstd (empty without return_stats).
 variable_list norm_fwd(const at::Tensor& input, const OptionalTensor& residual, at::IntArrayRef shape,
-                       const OptionalTensor& weight, const OptionalTensor& bias, double eps, bool rms) {
+                       const OptionalTensor& weight, const OptionalTensor& bias, double eps, bool rms,
+                       bool return_stats) {
   at::AutoDispatchBelowADInplaceOrView guard;
   if (residual && rms) {
     static const auto fwd = op<Tensor3(const at::Tensor&, const at::Tensor&, at::IntArrayRef, const OptionalTensor&,
-                                       double)>("fusedops::add_rms_norm_fwd");
-    auto [out, residual_out, rstd] = fwd.call(input, *residual, shape, weight, eps);
+                                       double, bool)>("fusedops::add_rms_norm_fwd");
+    auto [out, residual_out, rstd] = fwd.call(input, *residual, shape, weight, eps, return_stats);
     return {out, residual_out, rstd};
   }
   if (residual) {
     static const auto fwd =
         op<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
             const at::Tensor&, const at::Tensor&, at::IntArrayRef, const OptionalTensor&, const OptionalTensor&,
-            double)>("fusedops::add_layer_norm_fwd");
-    auto [out, residual_out, mean, rstd] = fwd.call(input, *residual, shape, weight, bias, eps);
+            double, bool)>("fusedops::add_layer_norm_fwd");
+    auto [out, residual_out, mean, rstd] = fwd.call(input, *residual, shape, weight, bias, eps, return_stats);
     return {out, residual_out, mean, rstd};
   }
   if (rms) {
     static const auto fwd = op<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, at::IntArrayRef,
-                                                                  const OptionalTensor&, double)>(
+                                                                  const OptionalTensor&, double, bool)>(
         "fusedops::rms_norm_fwd");
-    auto [out, rstd] = fwd.call(input, shape, weight, eps);
+    auto [out, rstd] = fwd.call(input, shape, weight, eps, return_stats);
     return {out, rstd};
   }
   static const auto fwd = op<Tensor3(const at::Tensor&, at::IntArrayRef, const OptionalTensor&, const OptionalTensor&,
-                                     double)>("fusedops::layer_norm_fwd");
-  auto [out, mean, rstd] = fwd.call(input, shape, weight, bias, eps);
+                                     double, bool)>("fusedops::layer_norm_fwd");
+  auto [out, mean, rstd] = fwd.call(input, shape, weight, bias, eps, return_stats);
   return {out, mean, rstd};
 }
 
@@ -47,7 +48,7 @@ struct Norm : torch::autograd::Function<Norm> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& input, const OptionalTensor& residual,
                                at::IntArrayRef shape, const OptionalTensor& weight, const OptionalTensor& bias,
                                double eps, bool rms) {
-    variable_list outs = norm_fwd(input, residual, shape, weight, bias, eps, rms);
+    variable_list outs = norm_fwd(input, residual, shape, weight, bias, eps, rms, true);
     const size_t stats = residual ? 2 : 1;
     const at::Tensor mean = rms ? at::Tensor() : outs[stats];
     // The backward normalizes residual_out = input + residual, and needs only bias's dtype.
@@ -104,34 +105,35 @@ struct Norm : torch::autograd::Function<Norm> {
   }
 };
 
+// A call autograd records always saves the statistics (the backward reads them).
 variable_list norm(const at::Tensor& input, const OptionalTensor& residual, at::IntArrayRef shape,
-                   const OptionalTensor& weight, const OptionalTensor& bias, double eps, bool rms) {
+                   const OptionalTensor& weight, const OptionalTensor& bias, double eps, bool rms, bool return_stats) {
   if (records_grad(input, residual, weight, bias)) return Norm::apply(input, residual, shape, weight, bias, eps, rms);
-  return norm_fwd(input, residual, shape, weight, bias, eps, rms);
+  return norm_fwd(input, residual, shape, weight, bias, eps, rms, return_stats);
 }
 
 Tensor3 layer_norm_autograd(const at::Tensor& input, at::IntArrayRef shape, const OptionalTensor& weight,
-                            const OptionalTensor& bias, double eps) {
-  const auto outs = norm(input, c10::nullopt, shape, weight, bias, eps, false);
+                            const OptionalTensor& bias, double eps, bool return_stats) {
+  const auto outs = norm(input, c10::nullopt, shape, weight, bias, eps, false, return_stats);
   return {outs[0], outs[1], outs[2]};
 }
 
 std::tuple<at::Tensor, at::Tensor> rms_norm_autograd(const at::Tensor& input, at::IntArrayRef shape,
-                                                     const OptionalTensor& weight, double eps) {
-  const auto outs = norm(input, c10::nullopt, shape, weight, c10::nullopt, eps, true);
+                                                     const OptionalTensor& weight, double eps, bool return_stats) {
+  const auto outs = norm(input, c10::nullopt, shape, weight, c10::nullopt, eps, true, return_stats);
   return {outs[0], outs[1]};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_autograd(
     const at::Tensor& input, const at::Tensor& residual, at::IntArrayRef shape, const OptionalTensor& weight,
-    const OptionalTensor& bias, double eps) {
-  const auto outs = norm(input, residual, shape, weight, bias, eps, false);
+    const OptionalTensor& bias, double eps, bool return_stats) {
+  const auto outs = norm(input, residual, shape, weight, bias, eps, false, return_stats);
   return {outs[0], outs[1], outs[2], outs[3]};
 }
 
 Tensor3 add_rms_norm_autograd(const at::Tensor& input, const at::Tensor& residual, at::IntArrayRef shape,
-                              const OptionalTensor& weight, double eps) {
-  const auto outs = norm(input, residual, shape, weight, c10::nullopt, eps, true);
+                              const OptionalTensor& weight, double eps, bool return_stats) {
+  const auto outs = norm(input, residual, shape, weight, c10::nullopt, eps, true, return_stats);
   return {outs[0], outs[1], outs[2]};
 }
 

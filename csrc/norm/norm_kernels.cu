@@ -55,6 +55,18 @@ constexpr int kFwdOneRowMaxChunks = 4096;
 // Forward block rows, chunks per thread (2, 4 or 8; doubled up to 8 while the row needs more than
 // 512 threads) of each kind: more bytes in flight a thread vs more threads a row.
 constexpr int kFwdOneRowChunks = 4;
+// LayerNorm one-row rows (without a residual) of at least this many chunks take 8 chunks a thread
+// (recentered each pass, merged moments: half the threads a row, twice the rows an SM) instead of
+// kFwdOneRowChunks. Launcher timing, H200, session 11, N = 16384 bf16: 84.1 -> 86.2% of copy
+// (inference), 84.3 -> 85.6-86.0 (training); from 512 or 1024 chunks it lost 1-3 points at
+// 4096 / 8192; RMSNorm was level and add_* lost 2-3 at 16384, so they keep kFwdOneRowChunks.
+constexpr int kLnFwdOneRowWideMinChunks = 2048;
+// add_* rows of more than this many chunks (and at most 4096) run one-row blocks of up to 1024
+// threads with 4 chunks each (64 registers: one block an SM, 32 warps) instead of 512 threads with
+// 8 (89-97 registers, 16 warps). Launcher timing, H200, session 11, N = 32768 bf16:
+// add_layer_norm 75-78 -> 87% of copy, add_rms_norm 86-87 -> 91-92; the plain norms lost 7-11
+// points with it (their 8-chunk rows take 61-64 registers, two blocks an SM).
+constexpr int kAddFwdWideBlockMinChunks = 2048;
 constexpr int kFwdPrefetchChunks = 2;
 // One-row forward grid: the blocks that fit at once, each looping over rows (the per-thread setup
 // paid once, no block launches per row) vs one block per row group. One block per row group won
@@ -315,10 +327,32 @@ __device__ __forceinline__ void store_output(const NormFwdParams& p, int64_t row
   store_vector<T, VEC>(static_cast<T*>(p.out) + row * p.cols + col, out);
 }
 
+// A row's statistics, unless the caller does not keep them (rstd null).
 template <typename A>
 __device__ __forceinline__ void store_stats(const NormFwdParams& p, int64_t row, A mean, A rstd, bool rms) {
+  if (p.rstd == nullptr) return;
   if (!rms) p.mean[row] = static_cast<float>(mean);
   p.rstd[row] = static_cast<float>(rstd);
+}
+
+// The statistics of a block of warp rows (rows first .. first + group.count - 1), written by its
+// first threads: one coalesced store per tensor instead of a 4-byte store per row from each warp.
+// Rows written a word at a time cost the LayerNorm forward at N = 512 (bf16) 1.3 points of copy
+// (launcher timing, H200, session 11: 87.9 -> 89.4 with this; 91.6-92.0 without statistics).
+// Every thread of the block calls it.
+template <typename A>
+__device__ __forceinline__ void store_block_stats(const NormFwdParams& p, int64_t first, const RowGroup<true>& group,
+                                                  A mean, A rstd, bool rms) {
+  __shared__ A tile[2][32];
+  if (p.rstd == nullptr) return;  // (uniform)
+  if (group.lane == 0) {
+    tile[0][group.index] = mean;
+    tile[1][group.index] = rstd;
+  }
+  __syncthreads();
+  if (threadIdx.x < group.count && first + threadIdx.x < p.rows)
+    store_stats(p, first + threadIdx.x, tile[0][threadIdx.x], tile[1][threadIdx.x], rms);
+  __syncthreads();  // the tile is reused by the next rows
 }
 
 // Forward for rows too long for registers: one block per row, the row read once from memory and
@@ -597,9 +631,13 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdPara
       squares = group.sum(squares, scratch);
     }
     const A rstd = inv_sqrt(squares * inv_cols + A(p.eps));
+    if constexpr (WARP_ROWS) {
+      store_block_stats(p, first, group, mean, rstd, RMS);
+    } else if (valid && group.lane == 0) {
+      store_stats(p, row, mean, rstd, RMS);
+    }
     if (!valid) continue;
     if constexpr (kRecenterEachPass) forget_values(x);
-    if (group.lane == 0) store_stats(p, row, mean, rstd, RMS);
     T* out_row = row_start(static_cast<T*>(p.out), row * p.cols);
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
@@ -1315,8 +1353,13 @@ cudaError_t launch_fwd_with(const NormFwdParams& p, cudaStream_t stream) {
   } else if (chunks <= 64) {
     launch = {norm_fwd_kernel<T, W, RMS, ADD, true, VEC, 2, kWarpPrefetch, kWarpRowsThreads>, kWarpRowsThreads,
               kWarpRowsGroups, kWarpPrefetch || kFwdResidentGrid};
+  } else if (ADD && chunks > kAddFwdWideBlockMinChunks && chunks <= 4 * kMaxThreads) {
+    launch = {norm_fwd_kernel<T, W, RMS, ADD, false, VEC, 4, false, kMaxThreads>, threads_for((chunks + 3) / 4), 1,
+              kFwdResidentGrid};
   } else if (chunks <= kFwdOneRowMaxChunks) {
-    launch = block_rows_launch<T, W, RMS, ADD, VEC, kFwdOneRowChunks, false, kFwdOneRowMaxChunks>(chunks);
+    launch = !RMS && !ADD && chunks >= kLnFwdOneRowWideMinChunks
+                 ? block_rows_launch<T, W, RMS, ADD, VEC, 8, false, kFwdOneRowMaxChunks>(chunks)
+                 : block_rows_launch<T, W, RMS, ADD, VEC, kFwdOneRowChunks, false, kFwdOneRowMaxChunks>(chunks);
   } else {
     launch = block_rows_launch<T, W, RMS, ADD, VEC, kFwdPrefetchChunks, true, int64_t(kBlockRowsThreads) * 8>(chunks);
   }

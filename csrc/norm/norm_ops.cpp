@@ -61,13 +61,14 @@ void check_stats(const at::Tensor& t, const at::Tensor& input, int64_t rows, con
               " must be the contiguous float32 tensor of ", rows, " elements returned by the forward");
 }
 
-// out, residual_out (undefined without residual), mean (undefined for RMSNorm), rstd.
+// out, residual_out (undefined without residual), mean (undefined for RMSNorm), rstd; without
+// return_stats mean and rstd are empty and the kernel does not write them.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_fwd(const at::Tensor& input,
                                                                     const c10::optional<at::Tensor>& residual,
                                                                     at::IntArrayRef shape,
                                                                     const c10::optional<at::Tensor>& weight,
                                                                     const c10::optional<at::Tensor>& bias, double eps,
-                                                                    bool rms) {
+                                                                    bool rms, bool return_stats) {
   const DType x_dtype = to_dtype(input.scalar_type(), "input");
   const int64_t cols = normalized_cols(input, shape);
   const DType w_dtype = check_affine(weight, bias, input, shape);
@@ -84,8 +85,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_fwd(const at::Te
   at::Tensor out = at::empty(input.sizes(), input.options());
   at::Tensor residual_out = residual ? at::empty(input.sizes(), input.options()) : at::Tensor();
   const auto stats_options = input.options().dtype(at::kFloat);
-  at::Tensor mean = rms ? at::Tensor() : at::empty(leading_shape(input, shape), stats_options);
-  at::Tensor rstd = at::empty(leading_shape(input, shape), stats_options);
+  const auto stats = [&] {
+    return return_stats ? at::empty(leading_shape(input, shape), stats_options) : at::empty({0}, stats_options);
+  };
+  at::Tensor mean = rms ? at::Tensor() : stats();
+  at::Tensor rstd = stats();
   NormFwdParams p{};
   p.x = x.data_ptr();
   p.residual = residual ? r.data_ptr() : nullptr;
@@ -93,8 +97,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_fwd(const at::Te
   p.bias = data_or_null(bias);
   p.out = out.data_ptr();
   p.residual_out = residual ? residual_out.data_ptr() : nullptr;
-  p.mean = rms ? nullptr : mean.data_ptr<float>();
-  p.rstd = rstd.data_ptr<float>();
+  p.mean = rms || !return_stats ? nullptr : mean.data_ptr<float>();
+  p.rstd = return_stats ? rstd.data_ptr<float>() : nullptr;
   p.rows = rows;
   p.cols = cols;
   p.x_row_stride = row_stride(x);
@@ -173,28 +177,30 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(const at::Tensor& grad_o
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cuda(const at::Tensor& input, at::IntArrayRef shape,
                                                                    const c10::optional<at::Tensor>& weight,
-                                                                   const c10::optional<at::Tensor>& bias, double eps) {
-  auto [out, unused, mean, rstd] = norm_fwd(input, c10::nullopt, shape, weight, bias, eps, false);
+                                                                   const c10::optional<at::Tensor>& bias, double eps,
+                                                                   bool return_stats) {
+  auto [out, unused, mean, rstd] = norm_fwd(input, c10::nullopt, shape, weight, bias, eps, false, return_stats);
   return {out, mean, rstd};
 }
 
 std::tuple<at::Tensor, at::Tensor> rms_norm_fwd_cuda(const at::Tensor& input, at::IntArrayRef shape,
-                                                     const c10::optional<at::Tensor>& weight, double eps) {
-  auto [out, unused, mean, rstd] = norm_fwd(input, c10::nullopt, shape, weight, c10::nullopt, eps, true);
+                                                     const c10::optional<at::Tensor>& weight, double eps,
+                                                     bool return_stats) {
+  auto [out, unused, mean, rstd] = norm_fwd(input, c10::nullopt, shape, weight, c10::nullopt, eps, true, return_stats);
   return {out, rstd};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_fwd_cuda(
     const at::Tensor& input, const at::Tensor& residual, at::IntArrayRef shape,
-    const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias, double eps) {
-  return norm_fwd(input, residual, shape, weight, bias, eps, false);
+    const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias, double eps, bool return_stats) {
+  return norm_fwd(input, residual, shape, weight, bias, eps, false, return_stats);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_fwd_cuda(const at::Tensor& input,
                                                                      const at::Tensor& residual, at::IntArrayRef shape,
                                                                      const c10::optional<at::Tensor>& weight,
-                                                                     double eps) {
-  auto [out, residual_out, mean, rstd] = norm_fwd(input, residual, shape, weight, c10::nullopt, eps, true);
+                                                                     double eps, bool return_stats) {
+  auto [out, residual_out, mean, rstd] = norm_fwd(input, residual, shape, weight, c10::nullopt, eps, true, return_stats);
   return {out, residual_out, rstd};
 }
 

@@ -11,15 +11,34 @@ from . import _checks
 
 ops = torch.ops.fusedops
 
-_CPU_KERNELS = {
-    "layer_norm_fwd": reference.layer_norm,
-    "rms_norm_fwd": reference.rms_norm,
-    "add_layer_norm_fwd": reference.add_layer_norm,
-    "add_rms_norm_fwd": reference.add_rms_norm,
+# Forwards: (reference, number of statistics it returns last).
+_CPU_FORWARDS = {
+    "layer_norm_fwd": (reference.layer_norm, 2),
+    "rms_norm_fwd": (reference.rms_norm, 1),
+    "add_layer_norm_fwd": (reference.add_layer_norm, 2),
+    "add_rms_norm_fwd": (reference.add_rms_norm, 1),
+}
+_CPU_BACKWARDS = {
     "layer_norm_bwd": reference.layer_norm_backward,
     "rms_norm_bwd": reference.rms_norm_backward,
 }
-for _name, _kernel in _CPU_KERNELS.items():
+
+
+def _cpu_forward(forward, stats):
+    """The reference forward with the op's return_stats (without it the statistics come back empty)."""
+
+    def kernel(*args, return_stats=True):
+        outs = forward(*args)
+        if return_stats:
+            return outs
+        return (*outs[:-stats], *(s.new_empty((0,)) for s in outs[-stats:]))
+
+    return kernel
+
+
+for _name, (_forward, _stats_count) in _CPU_FORWARDS.items():
+    torch.library.register_kernel(f"fusedops::{_name}", "cpu", _cpu_forward(_forward, _stats_count))
+for _name, _kernel in _CPU_BACKWARDS.items():
     torch.library.register_kernel(f"fusedops::{_name}", "cpu", _kernel)
 
 
@@ -30,8 +49,9 @@ def _like(t):
     return torch.empty_like(t, memory_format=torch.contiguous_format)
 
 
-def _stats(input, normalized_shape):
-    return input.new_empty(input.shape[: input.dim() - len(normalized_shape)], dtype=torch.float32)
+def _stats(input, normalized_shape, return_stats):
+    shape = input.shape[: input.dim() - len(normalized_shape)] if return_stats else (0,)
+    return input.new_empty(shape, dtype=torch.float32)
 
 
 def _param_grad(param, input, normalized_shape):
@@ -41,23 +61,24 @@ def _param_grad(param, input, normalized_shape):
 
 
 @torch.library.register_fake("fusedops::layer_norm_fwd")
-def _(input, normalized_shape, weight, bias, eps):
-    return _like(input), _stats(input, normalized_shape), _stats(input, normalized_shape)
+def _(input, normalized_shape, weight, bias, eps, *, return_stats=True):
+    return _like(input), _stats(input, normalized_shape, return_stats), _stats(input, normalized_shape, return_stats)
 
 
 @torch.library.register_fake("fusedops::rms_norm_fwd")
-def _(input, normalized_shape, weight, eps):
-    return _like(input), _stats(input, normalized_shape)
+def _(input, normalized_shape, weight, eps, *, return_stats=True):
+    return _like(input), _stats(input, normalized_shape, return_stats)
 
 
 @torch.library.register_fake("fusedops::add_layer_norm_fwd")
-def _(input, residual, normalized_shape, weight, bias, eps):
-    return _like(input), _like(input), _stats(input, normalized_shape), _stats(input, normalized_shape)
+def _(input, residual, normalized_shape, weight, bias, eps, *, return_stats=True):
+    stats = (_stats(input, normalized_shape, return_stats), _stats(input, normalized_shape, return_stats))
+    return _like(input), _like(input), *stats
 
 
 @torch.library.register_fake("fusedops::add_rms_norm_fwd")
-def _(input, residual, normalized_shape, weight, eps):
-    return _like(input), _like(input), _stats(input, normalized_shape)
+def _(input, residual, normalized_shape, weight, eps, *, return_stats=True):
+    return _like(input), _like(input), _stats(input, normalized_shape, return_stats)
 
 
 @torch.library.register_fake("fusedops::layer_norm_bwd")
@@ -145,20 +166,20 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     """F.layer_norm in one pass over the input, fp32 statistics; weight / bias may be fp32 with
     fp16/bf16 input (the output keeps input's dtype)."""
     shape, eps = _check_norm_args(input, normalized_shape, weight, bias, eps)
-    return _layer_norm_fwd(input, shape, weight, bias, eps)[0]
+    return _layer_norm_fwd(input, shape, weight, bias, eps, return_stats=False)[0]
 
 
 def rms_norm(input, normalized_shape, weight=None, eps=None):
     """F.rms_norm in one pass (eps=None means torch.finfo(input.dtype).eps)."""
     shape, eps = _check_norm_args(input, normalized_shape, weight, None, eps, rms=True)
-    return _rms_norm_fwd(input, shape, weight, eps)[0]
+    return _rms_norm_fwd(input, shape, weight, eps, return_stats=False)[0]
 
 
 def add_layer_norm(input, residual, normalized_shape, weight=None, bias=None, eps=1e-5):
     """(out, residual_out): residual_out = input + residual, out = layer_norm(residual_out), in
     one pass (the pre-norm transformer block). Gradients reach input and residual."""
     shape, eps = _check_norm_args(input, normalized_shape, weight, bias, eps, residual)
-    out, residual_out, _, _ = _add_layer_norm_fwd(input, residual, shape, weight, bias, eps)
+    out, residual_out, _, _ = _add_layer_norm_fwd(input, residual, shape, weight, bias, eps, return_stats=False)
     return out, residual_out
 
 
@@ -166,5 +187,5 @@ def add_rms_norm(input, residual, normalized_shape, weight=None, eps=None):
     """(out, residual_out): residual_out = input + residual, out = rms_norm(residual_out), in one
     pass. Gradients reach input and residual."""
     shape, eps = _check_norm_args(input, normalized_shape, weight, None, eps, residual, rms=True)
-    out, residual_out, _ = _add_rms_norm_fwd(input, residual, shape, weight, eps)
+    out, residual_out, _ = _add_rms_norm_fwd(input, residual, shape, weight, eps, return_stats=False)
     return out, residual_out
