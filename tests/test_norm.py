@@ -368,8 +368,8 @@ def test_gpu_benchmark_shapes(kind, n):
 REGISTER_VARIANTS = [
     (256, torch.bfloat16),  # fwd warp 1 chunk, bwd warp rows
     (512, torch.bfloat16),  # fwd warp 2 chunks, bwd LN warp rows of 2 chunks, RMS register-sum rows
-    (1024, torch.bfloat16),  # fwd one-row, bwd LN warp rows of 4 chunks
-    (4096, torch.bfloat16),  # fwd one-row, bwd LN staged rows, RMS register-sum rows
+    (1024, torch.bfloat16),  # fwd one-row (RMSNorm 2 chunks a thread), bwd LN warp rows of 4 chunks
+    (4096, torch.bfloat16),  # fwd one-row (RMSNorm 2 chunks), bwd LN staged rows, RMS register-sum rows
     (16384, torch.bfloat16),  # fwd one-row (LayerNorm 8 chunks a thread), bwd staged rows on clusters of 2
     (32768, torch.bfloat16),  # fwd LN prefetching 8 chunks, RMS one-row 8; bwd staged rows on clusters of 4
     (20000, torch.bfloat16),  # fwd LN prefetching 8 chunks, RMS one-row 8, threads past the row's end
@@ -603,8 +603,8 @@ def test_gpu_opcheck(index):
 
 
 # Hidden sizes that select every forward kernel (see REGISTER_VARIANTS), 16-byte chunks and
-# scalar: warp rows of 1 and 2 chunks, one-row blocks of one warp, of 4 and of 8 chunks a thread,
-# prefetching rows, the streaming kernel past them.
+# scalar: warp rows of 1 and 2 chunks, one-row blocks of 2, 4 and 8 chunks a thread, add_* rows in
+# 1024-thread blocks, prefetching rows, the streaming kernel past them.
 INFERENCE_SIZES = [(256, torch.bfloat16), (512, torch.bfloat16), (1024, torch.bfloat16), (4096, torch.float16),
                    (16384, torch.bfloat16), (32768, torch.bfloat16), (65536, torch.bfloat16), (41, torch.float16),
                    (3001, torch.bfloat16), (16384, torch.float32)]

@@ -67,6 +67,11 @@ constexpr int kLnFwdOneRowWideMinChunks = 2048;
 // add_layer_norm 75-78 -> 87% of copy, add_rms_norm 86-87 -> 91-92; the plain norms lost 7-11
 // points with it (their 8-chunk rows take 61-64 registers, two blocks an SM).
 constexpr int kAddFwdWideBlockMinChunks = 2048;
+// RMSNorm one-row rows (with or without a residual) of at most this many chunks take 2 chunks a
+// thread (twice the threads a row). Launcher timing, H200, session 11 (inference forwards):
+// RMSNorm at N = 1024 / 2048 / 4096 bf16 91.0 / 90.6 / 88.7 -> 92.5 / 92.4 / 89.4% of copy,
+// add_rms_norm at 2048 94.8 -> 96.5; at 8192 RMSNorm lost 3 and LayerNorm lost 2.5-9 at 1024-8192.
+constexpr int kRmsFwdOneRowNarrowMaxChunks = 512;
 constexpr int kFwdPrefetchChunks = 2;
 // One-row forward grid: the blocks that fit at once, each looping over rows (the per-thread setup
 // paid once, no block launches per row) vs one block per row group. One block per row group won
@@ -1356,10 +1361,12 @@ cudaError_t launch_fwd_with(const NormFwdParams& p, cudaStream_t stream) {
   } else if (ADD && chunks > kAddFwdWideBlockMinChunks && chunks <= 4 * kMaxThreads) {
     launch = {norm_fwd_kernel<T, W, RMS, ADD, false, VEC, 4, false, kMaxThreads>, threads_for((chunks + 3) / 4), 1,
               kFwdResidentGrid};
+  } else if (!RMS && !ADD && chunks >= kLnFwdOneRowWideMinChunks && chunks <= kFwdOneRowMaxChunks) {
+    launch = block_rows_launch<T, W, RMS, ADD, VEC, 8, false, kFwdOneRowMaxChunks>(chunks);
+  } else if (RMS && chunks <= kRmsFwdOneRowNarrowMaxChunks) {
+    launch = block_rows_launch<T, W, RMS, ADD, VEC, 2, false, kFwdOneRowMaxChunks>(chunks);
   } else if (chunks <= kFwdOneRowMaxChunks) {
-    launch = !RMS && !ADD && chunks >= kLnFwdOneRowWideMinChunks
-                 ? block_rows_launch<T, W, RMS, ADD, VEC, 8, false, kFwdOneRowMaxChunks>(chunks)
-                 : block_rows_launch<T, W, RMS, ADD, VEC, kFwdOneRowChunks, false, kFwdOneRowMaxChunks>(chunks);
+    launch = block_rows_launch<T, W, RMS, ADD, VEC, kFwdOneRowChunks, false, kFwdOneRowMaxChunks>(chunks);
   } else {
     launch = block_rows_launch<T, W, RMS, ADD, VEC, kFwdPrefetchChunks, true, int64_t(kBlockRowsThreads) * 8>(chunks);
   }
