@@ -1330,18 +1330,20 @@ struct FwdLaunch {
 };
 
 // Block rows from VPT chunks per thread, doubled (up to 8) while the row needs more than
-// kBlockRowsThreads threads, or up to MAX_CHUNKS chunks (the longest row this chain is used
-// for); longer rows stream. PREFETCH kernels are used except for the add_* variants at 8 chunks
-// per thread, which would spill (they also hold the residual) and load one row at a time.
-template <typename T, typename W, bool RMS, bool ADD, int VEC, int VPT, bool PREFETCH, int64_t MAX_CHUNKS>
+// MAX_THREADS threads (also the kernel's launch bound), or up to MAX_CHUNKS chunks (the longest
+// row this chain is used for); longer rows stream. PREFETCH kernels are used except for the add_*
+// variants at 8 chunks per thread, which would spill (they also hold the residual) and load one
+// row at a time.
+template <typename T, typename W, bool RMS, bool ADD, int VEC, int VPT, bool PREFETCH, int64_t MAX_CHUNKS,
+          int MAX_THREADS = kBlockRowsThreads>
 FwdLaunch block_rows_launch(int64_t chunks) {
-  if constexpr (VPT < 8 && int64_t(kBlockRowsThreads) * VPT < MAX_CHUNKS) {
-    if (chunks > int64_t(kBlockRowsThreads) * VPT)
-      return block_rows_launch<T, W, RMS, ADD, VEC, 2 * VPT, PREFETCH, MAX_CHUNKS>(chunks);
+  if constexpr (VPT < 8 && int64_t(MAX_THREADS) * VPT < MAX_CHUNKS) {
+    if (chunks > int64_t(MAX_THREADS) * VPT)
+      return block_rows_launch<T, W, RMS, ADD, VEC, 2 * VPT, PREFETCH, MAX_CHUNKS, MAX_THREADS>(chunks);
   }
-  if (chunks > int64_t(kBlockRowsThreads) * VPT) return {norm_fwd_streaming_kernel<T, W, RMS, VEC>, kMaxThreads, 1, false};
+  if (chunks > int64_t(MAX_THREADS) * VPT) return {norm_fwd_streaming_kernel<T, W, RMS, VEC>, kMaxThreads, 1, false};
   constexpr bool kPrefetch = PREFETCH && !(ADD && VPT == 8);
-  return {norm_fwd_kernel<T, W, RMS, ADD, false, VEC, VPT, kPrefetch, kBlockRowsThreads>,
+  return {norm_fwd_kernel<T, W, RMS, ADD, false, VEC, VPT, kPrefetch, MAX_THREADS>,
           threads_for((chunks + VPT - 1) / VPT), 1, kPrefetch || kFwdResidentGrid};
 }
 
@@ -1359,8 +1361,7 @@ cudaError_t launch_fwd_with(const NormFwdParams& p, cudaStream_t stream) {
     launch = {norm_fwd_kernel<T, W, RMS, ADD, true, VEC, 2, kWarpPrefetch, kWarpRowsThreads>, kWarpRowsThreads,
               kWarpRowsGroups, kWarpPrefetch || kFwdResidentGrid};
   } else if (ADD && chunks > kAddFwdWideBlockMinChunks && chunks <= 4 * kMaxThreads) {
-    launch = {norm_fwd_kernel<T, W, RMS, ADD, false, VEC, 4, false, kMaxThreads>, threads_for((chunks + 3) / 4), 1,
-              kFwdResidentGrid};
+    launch = block_rows_launch<T, W, RMS, ADD, VEC, 4, false, 4 * kMaxThreads, kMaxThreads>(chunks);
   } else if (!RMS && !ADD && chunks >= kLnFwdOneRowWideMinChunks && chunks <= kFwdOneRowMaxChunks) {
     launch = block_rows_launch<T, W, RMS, ADD, VEC, 8, false, kFwdOneRowMaxChunks>(chunks);
   } else if (RMS && chunks <= kRmsFwdOneRowNarrowMaxChunks) {

@@ -62,7 +62,8 @@ def _param_grad(param, input, normalized_shape):
 
 @torch.library.register_fake("fusedops::layer_norm_fwd")
 def _(input, normalized_shape, weight, bias, eps, *, return_stats=True):
-    return _like(input), _stats(input, normalized_shape, return_stats), _stats(input, normalized_shape, return_stats)
+    stats = _stats(input, normalized_shape, return_stats)
+    return _like(input), stats, torch.empty_like(stats)
 
 
 @torch.library.register_fake("fusedops::rms_norm_fwd")
@@ -72,8 +73,8 @@ def _(input, normalized_shape, weight, eps, *, return_stats=True):
 
 @torch.library.register_fake("fusedops::add_layer_norm_fwd")
 def _(input, residual, normalized_shape, weight, bias, eps, *, return_stats=True):
-    stats = (_stats(input, normalized_shape, return_stats), _stats(input, normalized_shape, return_stats))
-    return _like(input), _like(input), *stats
+    stats = _stats(input, normalized_shape, return_stats)
+    return _like(input), _like(input), stats, torch.empty_like(stats)
 
 
 @torch.library.register_fake("fusedops::add_rms_norm_fwd")
