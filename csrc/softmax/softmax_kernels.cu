@@ -112,8 +112,14 @@ template <typename T> __device__ __forceinline__ acc_t<T> exp_acc(acc_t<T> v) {
   else if constexpr (std::is_same<acc_t<T>, float>::value) return expf(v);
   else return exp(v);
 }
-__device__ __forceinline__ float log_acc(float v) { return logf(v); }
-__device__ __forceinline__ double log_acc(double v) { return log(v); }
+// log for inputs of type T: MUFU.LG2 (2^-22 relative) for 16-bit types, where logf's ~30
+// instructions, issued by a whole warp for the one lane that stores a row's log-sum-exp, cost
+// the masked forward an instruction an element at 32 elements a lane; accurate for fp32 and fp64.
+template <typename T> __device__ __forceinline__ acc_t<T> log_acc(acc_t<T> v) {
+  if constexpr (sizeof(T) == 2) return __logf(v);
+  else if constexpr (std::is_same<acc_t<T>, float>::value) return logf(v);
+  else return log(v);
+}
 
 // A block's max and sum of exp(logit - max) of a row, combined across a cluster's blocks.
 template <typename A> struct MaxSum {
@@ -237,7 +243,7 @@ template <typename T, typename A = acc_t<T>> struct RowStats {
       : max(m == neg_inf<A>() ? A(0) : m),
         sum(s),
         inv_sum(s == A(0) ? A(0) : A(1) / s),
-        log_sum(logs ? log_acc(s) : A(0)),
+        log_sum(logs ? log_acc<T>(s) : A(0)),
         empty(s == A(0)) {}
   __device__ A prob(A logit) const { return exp_acc<T>(logit - max) * inv_sum; }
   __device__ A log_prob(A logit) const { return empty ? neg_inf<A>() : logit - max - log_sum; }
@@ -245,7 +251,7 @@ template <typename T, typename A = acc_t<T>> struct RowStats {
   __device__ A log_shift() const { return empty ? pos_inf<A>() : log_sum; }
   // Log-sum-exp saved for the backward: +inf for a fully masked row, so exp(logit - lse) = 0.
   // Its own log: only the thread that stores it pays for it.
-  __device__ A lse() const { return empty ? pos_inf<A>() : max + log_acc(sum); }
+  __device__ A lse() const { return empty ? pos_inf<A>() : max + log_acc<T>(sum); }
 };
 
 // The vector widened to acc_t<T>. bf16 is the top half of an fp32, so a 32-bit word holding two
@@ -454,6 +460,19 @@ __device__ __forceinline__ MaskRow<T> mask_row(const MaskLayout& m, const RowLoc
   return {static_cast<const char*>(m.data) + offset * elem_bytes, m.col_stride * elem_bytes, last_visible, m.kind};
 }
 
+// Bit j set when draw j of `words` (two 16-bit draws a word, low half first) is >= threshold,
+// compared in the high half-word: the low half-word shifted up, the high one as it is.
+template <int N> __device__ __forceinline__ uint32_t draws_kept(const uint32_t* words, uint32_t threshold) {
+  const uint32_t high_threshold = threshold << 16;  // threshold < 65536: p < 1
+  uint32_t bits = 0;
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    const uint32_t word = words[j / 2];
+    bits |= uint32_t(((j & 1) ? word : word << 16) >= high_threshold) << j;
+  }
+  return bits;
+}
+
 // Bit j set when element e0 + j survives dropout (element index = linear index in the output).
 template <int VEC>
 __device__ __forceinline__ uint32_t keep_bits(const PhiloxKey& key, uint32_t threshold, int64_t e0) {
@@ -462,26 +481,60 @@ __device__ __forceinline__ uint32_t keep_bits(const PhiloxKey& key, uint32_t thr
     if (e0 % VEC == 0) {
       // The vector lies in one Philox block (always, on vectorized rows): one call, and each
       // element's half-word picked at compile time (for_each_keep picks it at run time, several
-      // selects an element). draw >= threshold is compared in the high half-word: the low
-      // half-word shifted up, the high one as it is.
+      // selects an element).
       const uint4 block = philox4x32_10(static_cast<uint64_t>(e0) / kDropoutDrawsPerBlock, key);
       const uint32_t words[4] = {block.x, block.y, block.z, block.w};
       const int run = static_cast<int>(e0 % kDropoutDrawsPerBlock) / VEC;
-      const uint32_t high_threshold = threshold << 16;  // threshold < 65536: p < 1
-      uint32_t bits = 0;
+      uint32_t mine[(VEC + 1) / 2];
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        uint32_t word = words[j / 2];
+      for (int w = 0; w < (VEC + 1) / 2; ++w) {
+        mine[w] = words[w];
 #pragma unroll
-        for (int r = 1; r < kRuns; ++r) word = run == r ? words[(r * VEC + j) / 2] : word;
-        bits |= uint32_t(((j & 1) ? word : word << 16) >= high_threshold) << j;
+        for (int r = 1; r < kRuns; ++r) mine[w] = run == r ? words[r * VEC / 2 + w] : mine[w];
       }
-      return bits;
+      return draws_kept<VEC>(mine, threshold);
     }
   }
   uint32_t bits = 0;
   for_each_keep<VEC>(key, threshold, e0, [&](int j, bool keep) { bits |= uint32_t(keep) << j; });
   return bits;
+}
+
+// The dropout decisions of a vector of VEC 16-bit outputs as masks of its packed words: half-word
+// h of word w all ones where element 2w + h is kept, so dropping is one AND a word of two
+// outputs, where a kept bit took a test and a select an element.
+template <int VEC> struct PackedKeep {
+  uint32_t words[VEC / 2];
+  template <typename T> __device__ __forceinline__ void apply(AlignedVector<T, VEC>& v) const {
+    static_assert(sizeof(T) == 2, "two outputs a word");
+    uint32_t packed[VEC / 2];
+    memcpy(packed, v.val, sizeof(packed));
+#pragma unroll
+    for (int w = 0; w < VEC / 2; ++w) packed[w] &= words[w];
+    memcpy(v.val, packed, sizeof(packed));
+  }
+};
+
+// The threshold of dropout_threshold as two SWAR compares of 16-bit draws need it: its low 15
+// bits in both half-words, and all ones where its top bit is set.
+struct HalfThreshold {
+  uint32_t low_pair;
+  uint32_t top;
+  __device__ explicit HalfThreshold(uint32_t threshold)
+      : low_pair((threshold & 0x7fffu) * 0x10001u), top(threshold & 0x8000u ? ~0u : 0u) {}
+};
+
+// PackedKeep's word of a Philox word's two draws (low half first): per half-word, setting the top
+// bit before subtracting the threshold's low bits leaves that bit set where the draw's low bits
+// are >= the threshold's (no borrow crosses halves); with the draw's own top bit that gives
+// draw >= threshold (one LOP3), and prmt's sign replication spreads bits 15 and 31 over their
+// half-words.
+__device__ __forceinline__ uint32_t kept_halves(uint32_t draws, const HalfThreshold& t) {
+  const uint32_t low_ge = (draws | 0x80008000u) - t.low_pair;
+  const uint32_t ge = (draws & low_ge) | (~t.top & (draws | low_ge));
+  uint32_t mask;
+  asm("prmt.b32 %0, %1, 0, 0xbb99;" : "=r"(mask) : "r"(ge));
+  return mask;
 }
 
 // ---- per-op arguments, in device types ---------------------------------------------------------
@@ -557,12 +610,13 @@ template <typename T, bool MASKED> struct ForwardRow {
   // for log_softmax) from exp(logit - m) for some m, whose probabilities (with dropout: times
   // keep_scale) are exps * factor, or with kShiftedLogs (log_softmax only) from logit - row max,
   // whose log-probabilities are values - factor (factor = stats.log_shift()).
-  // `keep`: the vector's dropout bits (keep()), applied with kDropout where a.dropout: kernels
-  // that branch on a.dropout once pass its value, so that rows without dropout spend no
-  // instructions on it (a select and a multiply an element, when the check was per element).
-  template <int VEC, bool kDropout, bool kExps = false, bool kShiftedLogs = false>
+  // `keep`: the vector's dropout decisions, bits (keep()) or a PackedKeep, applied with kDropout:
+  // kernels that branch on a.dropout once pass its value, so that rows without dropout spend no
+  // instructions on it; without dropout keep() is all ones and keep_scale 1.
+  template <int VEC, bool kDropout, bool kExps = false, bool kShiftedLogs = false, class Keep = uint32_t>
   __device__ __forceinline__ void store(const ForwardArgs<T>& a, int64_t row, int64_t c0, const acc_t<T> (&values)[VEC],
-                                        uint32_t keep, const RowStats<T>& stats, acc_t<T> factor = 0) const {
+                                        const Keep& keep, const RowStats<T>& stats, acc_t<T> factor = 0) const {
+    constexpr bool kBits = std::is_same<Keep, uint32_t>::value;
     AlignedVector<T, VEC> v;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
@@ -576,12 +630,13 @@ template <typename T, bool MASKED> struct ForwardRow {
       } else {
         y = stats.prob(values[j]);
       }
-      if (MASKED && kDropout && a.dropout) {
+      if (MASKED && kDropout) {
         if (!kExps) y *= a.keep_scale;
-        y = (keep >> j) & 1u ? y : acc_t<T>(0);
+        if constexpr (kBits) y = (keep >> j) & 1u ? y : acc_t<T>(0);
       }
       v.val[j] = from_acc<T>(y);
     }
+    if constexpr (MASKED && kDropout && !kBits) keep.apply(v);
     store_vector<T, VEC>(a.out + row * a.cols + c0, v);
   }
   // Dropout bits of columns c0 ... of `row` (all kept without dropout).
@@ -596,8 +651,9 @@ template <typename T, bool MASKED> struct ForwardRow {
     if constexpr (MASKED) {
       a.lse[row] = stats.lse();
       if (a.dropout && row == 0) {  // one thread records the stream position for the backward
-        a.rng_state[0] = static_cast<int64_t>(key.seed);
-        a.rng_state[1] = static_cast<int64_t>(key.offset);
+        const PhiloxKey stream = unpack_philox(a.philox);
+        a.rng_state[0] = static_cast<int64_t>(stream.seed);
+        a.rng_state[1] = static_cast<int64_t>(stream.offset);
       }
     }
   }
@@ -641,13 +697,21 @@ template <typename T, bool MASKED> struct BackwardRow {
     if constexpr (MASKED) return mask.template load_bytes<VEC, kVectorMask>(c0, live);
     return {};
   }
-  // `keep`: the vector's dropout bits (keep(); all ones without dropout).
-  template <int VEC, bool kVectorMask = false>
+  // `keep`: the vector's dropout decisions where a.dropout, bits (keep()) or a PackedKeep, which
+  // zeros the dropped dy in their packed words.
+  template <int VEC, bool kVectorMask = false, class Keep = uint32_t>
   __device__ __forceinline__ void prepare(const BackwardArgs<T>& a, int64_t c0, const AlignedVector<T, VEC>& va,
                                           const AlignedVector<T, VEC>& vdy, const MaskBytes<VEC>& bytes,
-                                          uint32_t keep, acc_t<T> (&y)[VEC], acc_t<T> (&g)[VEC]) const {
+                                          const Keep& keep, acc_t<T> (&y)[VEC], acc_t<T> (&g)[VEC]) const {
+    constexpr bool kBits = std::is_same<Keep, uint32_t>::value;
     widen(va, y);
-    widen(vdy, g);
+    if constexpr (MASKED && !kBits) {
+      AlignedVector<T, VEC> kept_dy = vdy;
+      if (a.dropout) keep.apply(kept_dy);
+      widen(kept_dy, g);
+    } else {
+      widen(vdy, g);
+    }
     if constexpr (MASKED) {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) y[j] = mul_rn(y[j], a.scale);  // as the forward's logits
@@ -655,7 +719,9 @@ template <typename T, bool MASKED> struct BackwardRow {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         y[j] = exp_acc<T>(y[j] - lse);
-        if (a.dropout) g[j] = (keep >> j) & 1u ? g[j] : acc_t<T>(0);
+        if constexpr (kBits) {
+          if (a.dropout) g[j] = (keep >> j) & 1u ? g[j] : acc_t<T>(0);
+        }
       }
     }
   }
@@ -703,6 +769,79 @@ template <int G, int ITEMS, int VEC, int CLUSTER> struct RowSlice {
     first = (RowCursor<G, CLUSTER>::rank() * G * ITEMS + RowCursor<G, CLUSTER>::lane()) * VEC;
   }
   __device__ __forceinline__ int column(int i) const { return first + i * G * VEC; }
+};
+
+// A thread's dropout decisions of a register row, vector i's as vector(i): PackedKeep masks in
+// 16-bit rows (a vector is one Philox block), else bits in one word (vector i at bit i * VEC).
+template <typename T, int ITEMS, int VEC> struct RowKeep {
+  static constexpr bool kPacked = sizeof(T) == 2;
+  static_assert(!kPacked || VEC == kDropoutDrawsPerBlock, "a 16-bit vector is one Philox block");
+  static_assert(kPacked || ITEMS * VEC <= 32, "one bit per element of a thread in one word");
+  PackedKeep<VEC> packed[kPacked ? ITEMS : 1];
+  uint32_t bits = ~0u;
+
+  __device__ __forceinline__ auto vector(int i) const {
+    if constexpr (kPacked) {
+      return packed[i];
+    } else {
+      return bits >> (i * VEC);
+    }
+  }
+
+  // Draws the decisions of a row whose first element is element e0 of the output, for the vectors
+  // whose first column c0 has live(c0); the others keep nothing (their outputs are 0 anyway). A
+  // vector's Philox counter is the row's first plus a constant a vector (register rows start at
+  // whole blocks). An fp32 vector is half a block: where rows start at whole blocks (`paired`,
+  // cols % 8 == 0, uniform across the grid) the two lanes sharing each block draw it once, each
+  // lane the blocks of every other vector, and swap the partner's half as bits (one shuffle that
+  // every lane of the warp reaches), where a draw per vector generated every block twice.
+  template <int G, int CLUSTER, class Live>
+  __device__ __forceinline__ void draw(const PhiloxKey& key, uint32_t threshold, int64_t e0,
+                                       const RowSlice<G, ITEMS, VEC, CLUSTER>& slice, bool paired, Live live) {
+    if constexpr (kPacked) {
+      const HalfThreshold half_threshold(threshold);
+      const uint64_t first_block = static_cast<uint64_t>(e0 + slice.column(0)) / kDropoutDrawsPerBlock;
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i) {
+        packed[i] = {};
+        if (live(slice.column(i))) {
+          const uint4 block = philox4x32_10(first_block + static_cast<uint64_t>(i) * G, key);
+          const uint32_t words[4] = {block.x, block.y, block.z, block.w};
+#pragma unroll
+          for (int w = 0; w < VEC / 2; ++w) packed[i].words[w] = kept_halves(words[w], half_threshold);
+        }
+      }
+    } else {
+      bits = 0;
+      if constexpr (2 * VEC == kDropoutDrawsPerBlock && ITEMS % 2 == 0) {
+        if (paired) {
+          const int parity = threadIdx.x & 1;  // G is even: pairs are lanes 2k, 2k + 1 of a group
+          const int pair_column = slice.column(0) - parity * VEC;
+          const uint64_t first_block = static_cast<uint64_t>(e0 + pair_column) / kDropoutDrawsPerBlock;
+          uint32_t partner = 0;
+#pragma unroll
+          for (int j = 0; j < ITEMS / 2; ++j) {
+            const int i = 2 * j + parity;
+            if (live(pair_column + i * G * VEC)) {
+              const uint4 block = philox4x32_10(first_block + static_cast<uint64_t>(i) * (G / 2), key);
+              const uint32_t first_words[2] = {block.x, block.y}, second_words[2] = {block.z, block.w};
+              const uint32_t first = draws_kept<VEC>(first_words, threshold);
+              const uint32_t second = draws_kept<VEC>(second_words, threshold);
+              bits |= (parity ? second : first) << (i * VEC);
+              partner |= (parity ? first : second) << (i * VEC);
+            }
+          }
+          bits |= __shfl_xor_sync(0xffffffffu, partner, 1);
+          return;
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i) {
+        const int c0 = slice.column(i);
+        if (live(c0)) bits |= keep_bits<VEC>(key, threshold, e0 + c0) << (i * VEC);
+      }
+    }
+  }
 };
 
 // Kernels that do not prefetch into registers ask the L2 for the next row instead (sm_90 bulk
@@ -787,15 +926,17 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
     // Dropout bits of the thread's vectors (vector i at bit i * VEC), drawn while the loads are
     // in flight and held in one register: drawn at the stores, Philox's temporaries were live
     // beside every kept exp (spills at 32 elements a thread). Hidden vectors store zeros anyway.
-    static_assert(!MASKED || ITEMS * VEC <= 32, "one bit per element of a thread in one word");
-    uint32_t keep = ~0u;
+    // Outside graph capture the key is a kernel parameter, in uniform registers, so Philox's
+    // round keys are operands of its xors; loaded (under capture) they take an add a round.
+    RowKeep<T, ITEMS, VEC> keep;
     if constexpr (MASKED) {
       if (a.dropout) {
-        keep = 0;
-#pragma unroll
-        for (int i = 0; i < ITEMS; ++i) {
-          const int c0 = slice.column(i);
-          if (valid && c0 < cols && !ctx.hidden_from(c0)) keep |= ctx.template keep<VEC>(a, row, c0) << (i * VEC);
+        const auto live = [&](int c0) { return valid && c0 < cols && !ctx.hidden_from(c0); };
+        const bool paired = a.cols % kDropoutDrawsPerBlock == 0;
+        if (a.philox.captured) {
+          keep.draw(unpack_philox(a.philox), a.threshold, row * a.cols, slice, paired, live);
+        } else {
+          keep.draw(PhiloxKey{a.philox.seed, a.philox.offset}, a.threshold, row * a.cols, slice, paired, live);
         }
       }
     }
@@ -877,11 +1018,11 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
         const int c0 = slice.column(i);
         if (valid && c0 < cols) {
           if (keep_exps) {
-            ctx.template store<VEC, kDropout, true>(a, row, c0, values[i], keep >> (i * VEC), stats, exps_factor);
+            ctx.template store<VEC, kDropout, true>(a, row, c0, values[i], keep.vector(i), stats, exps_factor);
           } else if constexpr (kShiftedLogs) {
-            ctx.template store<VEC, false, false, true>(a, row, c0, values[i], keep >> (i * VEC), stats, factor);
+            ctx.template store<VEC, false, false, true>(a, row, c0, values[i], keep.vector(i), stats, factor);
           } else {
-            ctx.template store<VEC, kDropout>(a, row, c0, values[i], keep >> (i * VEC), stats);
+            ctx.template store<VEC, kDropout>(a, row, c0, values[i], keep.vector(i), stats);
           }
         }
       }
@@ -971,9 +1112,17 @@ __global__ void __launch_bounds__(block_threads(G), sizeof(T) == 4 ? register_mi
     constexpr bool kBranchless = !MASKED && !kPrefetch;
     A y[ITEMS][VEC], g[ITEMS][VEC];
     A sum = 0;
-    // One body for rows with and without dropout (keep is all ones without): splitting it on
-    // a.dropout, as the forward does, cost 16-bit rows 4-6 points of copy at L = 2048 (H200,
-    // session 10, launcher timing).
+    // The dropout decisions, drawn as the forward's while the loads are in flight.
+    RowKeep<T, ITEMS, VEC> keep;
+    if constexpr (MASKED) {
+      if (a.dropout) {
+        keep.draw(ctx.key, a.threshold, row * a.cols, slice, a.cols % kDropoutDrawsPerBlock == 0,
+                  [&](int c0) { return valid && c0 < cols && !ctx.hidden_from(c0); });
+      }
+    }
+    // One body for rows with and without dropout (prepare applies keep where a.dropout):
+    // splitting it on a.dropout, as the forward does, cost 16-bit rows 4-6 points of copy at
+    // L = 2048 (H200, session 10, launcher timing).
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int c0 = slice.column(i);
@@ -983,8 +1132,7 @@ __global__ void __launch_bounds__(block_threads(G), sizeof(T) == 4 ? register_mi
         for (int j = 0; j < VEC; ++j) y[i][j] = g[i][j] = A(0);
         continue;
       }
-      ctx.template prepare<VEC, true>(a, c0, cur_a[i], cur_dy[i], bytes[i], ctx.template keep<VEC>(a, row, c0),
-                                      y[i], g[i]);
+      ctx.template prepare<VEC, true>(a, c0, cur_a[i], cur_dy[i], bytes[i], keep.vector(i), y[i], g[i]);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) sum += ctx.partial(a, y[i][j], g[i][j]);
     }
@@ -2033,8 +2181,9 @@ cudaError_t launch_masked_softmax_fwd(const MaskedSoftmaxParams& p, DType dtype,
     args.locator = row_locator(p.mask, p.rows, p.q_len);
     args.causal = p.causal;
     args.dropout = p.dropout;
-    args.threshold = dropout_threshold(p.p);
-    args.keep_scale = static_cast<acc_t<T>>(1.0 / (1.0 - p.p));
+    // Without dropout every element is kept at scale 1 (kernels may apply these regardless).
+    args.threshold = p.dropout ? dropout_threshold(p.p) : 0u;
+    args.keep_scale = static_cast<acc_t<T>>(p.dropout ? 1.0 / (1.0 - p.p) : 1.0);
     args.philox = p.philox;
     const bool aligned = rows_aligned(p.x, p.x_row_stride, sizeof(T)) && is_aligned(p.out, 16);
     const Plan plan =
@@ -2054,8 +2203,9 @@ cudaError_t launch_masked_softmax_bwd(const MaskedSoftmaxBackwardParams& p, DTyp
     args.locator = row_locator(p.mask, p.rows, p.q_len);
     args.causal = p.causal;
     args.dropout = p.dropout;
-    args.threshold = dropout_threshold(p.p);
-    args.keep_scale = static_cast<acc_t<T>>(1.0 / (1.0 - p.p));
+    // Without dropout every element is kept at scale 1 (kernels may apply these regardless).
+    args.threshold = p.dropout ? dropout_threshold(p.p) : 0u;
+    args.keep_scale = static_cast<acc_t<T>>(p.dropout ? 1.0 / (1.0 - p.p) : 1.0);
     const bool aligned = rows_aligned(p.x, p.x_row_stride, sizeof(T)) &&
                          rows_aligned(p.dy, p.dy_row_stride, sizeof(T)) && is_aligned(p.dx, 16);
     const Plan plan = make_plan<T>(p.cols, aligned, 2, kRegisterElems, true, vector_mask(p.mask, kVec16<T>));
