@@ -490,18 +490,22 @@ def test_dropout_fraction_and_reproducibility(dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("lk", [7, 128, 1024, 20000])
-def test_dropout_matches_reference(dtype, lk):
-    """The kernel's keep mask is the Philox stream of the reference, bit for bit."""
+@pytest.mark.parametrize("lk", [7, 128, 132, 1024, 20000])
+@pytest.mark.parametrize("p", [0.25, 0.75])
+def test_dropout_matches_reference(dtype, lk, p):
+    """The kernel's keep mask is the Philox stream of the reference, bit for bit: streamed rows (7),
+    register rows starting at whole Philox blocks or not (128, 132: fp32 lanes share blocks only
+    in the former), cluster rows (20000); thresholds below and above 2^15 (16-bit rows compare
+    the draws' top bit apart)."""
     x = torch.randn(2, 3, 5, lk, dtype=dtype, device="cuda")
     mask = torch.rand(2, 1, 5, lk, device="cuda") > 0.2
     grad = torch.randn_like(x)
     xg = x.clone().requires_grad_(True)
-    out, lse, rng_state = ops.masked_softmax_fwd(xg, mask, 0.5, True, 0.25, True)
+    out, lse, rng_state = ops.masked_softmax_fwd(xg, mask, 0.5, True, p, True)
     (dx,) = torch.autograd.grad(out, xg, grad)
-    ref_out, ref_lse = reference.masked_softmax(x.double(), mask, 0.5, True, 0.25, rng_state)
-    ref_dx = reference.masked_softmax_backward(grad.double(), x.double(), mask, ref_lse, rng_state, 0.5, True, 0.25)
-    keep = reference.dropout_keep_mask(x.shape, rng_state, 0.25).cuda()
+    ref_out, ref_lse = reference.masked_softmax(x.double(), mask, 0.5, True, p, rng_state)
+    ref_dx = reference.masked_softmax_backward(grad.double(), x.double(), mask, ref_lse, rng_state, 0.5, True, p)
+    keep = reference.dropout_keep_mask(x.shape, rng_state, p).cuda()
     assert (out[~keep] == 0).all() and (dx[~keep] != 0).any()
     tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}[dtype]
     torch.testing.assert_close(out.double(), ref_out, atol=tol, rtol=tol)
@@ -510,10 +514,11 @@ def test_dropout_matches_reference(dtype, lk):
 
 
 @pytest.mark.gpu
-def test_dropout_under_cuda_graph_replay():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dropout_under_cuda_graph_replay(dtype):
     """Each replay of a captured dropout draws fresh numbers (seed and offset read at replay): the
     reference's Philox stream of the rng_state it records."""
-    x = torch.randn(8, 64, 256, device="cuda")
+    x = torch.randn(8, 64, 256, dtype=dtype, device="cuda")
     with torch.no_grad():
         fusedops.masked_softmax(x, dropout_p=0.5)  # warm up outside the capture
         graph = torch.cuda.CUDAGraph()

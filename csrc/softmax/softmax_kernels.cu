@@ -537,6 +537,16 @@ __device__ __forceinline__ uint32_t kept_halves(uint32_t draws, const HalfThresh
   return mask;
 }
 
+// The PackedKeep of a vector of 16-bit outputs that is Philox block `block` (register rows).
+template <int VEC>
+__device__ __forceinline__ PackedKeep<VEC> packed_keep(const PhiloxKey& key, const HalfThreshold& threshold,
+                                                       uint64_t block) {
+  static_assert(VEC == kDropoutDrawsPerBlock, "a vector of 16-bit outputs is one Philox block");
+  const uint4 draws = philox4x32_10(block, key);
+  return {{kept_halves(draws.x, threshold), kept_halves(draws.y, threshold), kept_halves(draws.z, threshold),
+           kept_halves(draws.w, threshold)}};
+}
+
 // ---- per-op arguments, in device types ---------------------------------------------------------
 
 template <typename T> struct ForwardArgs {
@@ -684,45 +694,57 @@ template <typename T, bool MASKED> struct BackwardRow {
     if constexpr (MASKED) return mask.hidden_from(c0);
     return false;
   }
-  // Dropout bits of columns c0 ... of `row` (all kept without dropout).
+  // Dropout bits of columns c0 ... of `row`.
+  template <int VEC> __device__ __forceinline__ uint32_t keep(const BackwardArgs<T>& a, int64_t row, int64_t c0) const {
+    return keep_bits<VEC>(key, a.threshold, row * a.cols + c0);
+  }
+  // The dropout decisions of a register row's vector at column c0: a PackedKeep of 16-bit
+  // vectors (one Philox block each), bits of fp32 ones.
   template <int VEC>
-  __device__ __forceinline__ uint32_t keep(const BackwardArgs<T>& a, int64_t row, int64_t c0) const {
-    if constexpr (MASKED) {
-      if (a.dropout) return keep_bits<VEC>(key, a.threshold, row * a.cols + c0);
+  __device__ __forceinline__ auto register_keep(const BackwardArgs<T>& a, int64_t row, int64_t c0) const {
+    if constexpr (sizeof(T) == 2) {
+      return packed_keep<VEC>(key, HalfThreshold(a.threshold),
+                              static_cast<uint64_t>(row * a.cols + c0) / kDropoutDrawsPerBlock);
+    } else {
+      return keep<VEC>(a, row, c0);
     }
-    return ~0u;
   }
   template <int VEC, bool kVectorMask = false>
   __device__ __forceinline__ MaskBytes<VEC> mask_bytes(int64_t c0, bool live) const {
     if constexpr (MASKED) return mask.template load_bytes<VEC, kVectorMask>(c0, live);
     return {};
   }
-  // `keep`: the vector's dropout decisions where a.dropout, bits (keep()) or a PackedKeep, which
-  // zeros the dropped dy in their packed words.
-  template <int VEC, bool kVectorMask = false, class Keep = uint32_t>
+  // keep_of(): the vector's dropout decisions, drawn only where a.dropout: bits (keep()) or a
+  // PackedKeep (register_keep()), which zeros the dropped dy in their packed words.
+  template <int VEC, bool kVectorMask = false, class KeepOf>
   __device__ __forceinline__ void prepare(const BackwardArgs<T>& a, int64_t c0, const AlignedVector<T, VEC>& va,
                                           const AlignedVector<T, VEC>& vdy, const MaskBytes<VEC>& bytes,
-                                          const Keep& keep, acc_t<T> (&y)[VEC], acc_t<T> (&g)[VEC]) const {
-    constexpr bool kBits = std::is_same<Keep, uint32_t>::value;
+                                          KeepOf keep_of, acc_t<T> (&y)[VEC], acc_t<T> (&g)[VEC]) const {
     widen(va, y);
-    if constexpr (MASKED && !kBits) {
-      AlignedVector<T, VEC> kept_dy = vdy;
-      if (a.dropout) keep.apply(kept_dy);
-      widen(kept_dy, g);
-    } else {
-      widen(vdy, g);
-    }
     if constexpr (MASKED) {
+      using Keep = decltype(keep_of());
+      AlignedVector<T, VEC> kept_dy = vdy;
+      uint32_t bits = ~0u;
+      if (a.dropout) {
+        if constexpr (std::is_same<Keep, uint32_t>::value) {
+          bits = keep_of();
+        } else {
+          keep_of().apply(kept_dy);
+        }
+      }
+      widen(kept_dy, g);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) y[j] = mul_rn(y[j], a.scale);  // as the forward's logits
       mask.template apply<VEC, kVectorMask>(c0, bytes, y);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         y[j] = exp_acc<T>(y[j] - lse);
-        if constexpr (kBits) {
-          if (a.dropout) g[j] = (keep >> j) & 1u ? g[j] : acc_t<T>(0);
+        if constexpr (std::is_same<Keep, uint32_t>::value) {
+          if (a.dropout) g[j] = (bits >> j) & 1u ? g[j] : acc_t<T>(0);
         }
       }
+    } else {
+      widen(vdy, g);
     }
   }
   __device__ __forceinline__ acc_t<T> partial(const BackwardArgs<T>& a, acc_t<T> y, acc_t<T> g) const {
@@ -771,8 +793,9 @@ template <int G, int ITEMS, int VEC, int CLUSTER> struct RowSlice {
   __device__ __forceinline__ int column(int i) const { return first + i * G * VEC; }
 };
 
-// A thread's dropout decisions of a register row, vector i's as vector(i): PackedKeep masks in
-// 16-bit rows (a vector is one Philox block), else bits in one word (vector i at bit i * VEC).
+// A thread's dropout decisions of a forward register row, vector i's as vector(i): PackedKeep
+// masks in 16-bit rows (a vector is one Philox block), else bits in one word (vector i at bit
+// i * VEC). The backward draws vector by vector instead (BackwardRow::register_keep).
 template <typename T, int ITEMS, int VEC> struct RowKeep {
   static constexpr bool kPacked = sizeof(T) == 2;
   static_assert(!kPacked || VEC == kDropoutDrawsPerBlock, "a 16-bit vector is one Philox block");
@@ -804,12 +827,7 @@ template <typename T, int ITEMS, int VEC> struct RowKeep {
 #pragma unroll
       for (int i = 0; i < ITEMS; ++i) {
         packed[i] = {};
-        if (live(slice.column(i))) {
-          const uint4 block = philox4x32_10(first_block + static_cast<uint64_t>(i) * G, key);
-          const uint32_t words[4] = {block.x, block.y, block.z, block.w};
-#pragma unroll
-          for (int w = 0; w < VEC / 2; ++w) packed[i].words[w] = kept_halves(words[w], half_threshold);
-        }
+        if (live(slice.column(i))) packed[i] = packed_keep<VEC>(key, half_threshold, first_block + uint64_t(i) * G);
       }
     } else {
       bits = 0;
@@ -923,11 +941,12 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
         bytes[i] = ctx.template mask_bytes<VEC, true>(c0, live);
       }
     }
-    // Dropout bits of the thread's vectors (vector i at bit i * VEC), drawn while the loads are
-    // in flight and held in one register: drawn at the stores, Philox's temporaries were live
-    // beside every kept exp (spills at 32 elements a thread). Hidden vectors store zeros anyway.
-    // Outside graph capture the key is a kernel parameter, in uniform registers, so Philox's
-    // round keys are operands of its xors; loaded (under capture) they take an add a round.
+    // The dropout decisions of the thread's vectors, drawn while the loads are in flight: drawn
+    // at the stores, the bf16 forward fell from 92 to 75-78% of copy without dropout and from 72
+    // to 63 with it (L = 512-2048, H200, session 12, launcher timing). Hidden vectors store zeros
+    // anyway. Outside graph capture the key is a kernel parameter, in uniform registers, so
+    // Philox's round keys are operands of its xors; loaded (under capture) they take an add a
+    // round (+3 points of copy, bf16 with dropout).
     RowKeep<T, ITEMS, VEC> keep;
     if constexpr (MASKED) {
       if (a.dropout) {
@@ -1112,17 +1131,10 @@ __global__ void __launch_bounds__(block_threads(G), sizeof(T) == 4 ? register_mi
     constexpr bool kBranchless = !MASKED && !kPrefetch;
     A y[ITEMS][VEC], g[ITEMS][VEC];
     A sum = 0;
-    // The dropout decisions, drawn as the forward's while the loads are in flight.
-    RowKeep<T, ITEMS, VEC> keep;
-    if constexpr (MASKED) {
-      if (a.dropout) {
-        keep.draw(ctx.key, a.threshold, row * a.cols, slice, a.cols % kDropoutDrawsPerBlock == 0,
-                  [&](int c0) { return valid && c0 < cols && !ctx.hidden_from(c0); });
-      }
-    }
-    // One body for rows with and without dropout (prepare applies keep where a.dropout):
-    // splitting it on a.dropout, as the forward does, cost 16-bit rows 4-6 points of copy at
-    // L = 2048 (H200, session 10, launcher timing).
+    // One body for rows with and without dropout (prepare draws the dropout decisions where
+    // a.dropout, vector by vector): splitting it on a.dropout, as the forward does, cost 16-bit
+    // rows 4-6 points of copy at L = 2048 (H200, session 10, launcher timing); drawing the row's
+    // decisions first, as the forward does, cost fp32 rows up to 8 (L = 2048 / 4096, session 12).
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int c0 = slice.column(i);
@@ -1132,7 +1144,8 @@ __global__ void __launch_bounds__(block_threads(G), sizeof(T) == 4 ? register_mi
         for (int j = 0; j < VEC; ++j) y[i][j] = g[i][j] = A(0);
         continue;
       }
-      ctx.template prepare<VEC, true>(a, c0, cur_a[i], cur_dy[i], bytes[i], keep.vector(i), y[i], g[i]);
+      ctx.template prepare<VEC, true>(a, c0, cur_a[i], cur_dy[i], bytes[i],
+                                      [&] { return ctx.template register_keep<VEC>(a, row, c0); }, y[i], g[i]);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) sum += ctx.partial(a, y[i][j], g[i][j]);
     }
@@ -1152,7 +1165,9 @@ __global__ void __launch_bounds__(block_threads(G), sizeof(T) == 4 ? register_mi
 #pragma unroll
           for (int j = 0; j < VEC; ++j) v.val[j] = from_acc<T>(A(0));
         } else {
-          if constexpr (kRemake) ctx.template prepare<VEC, true>(a, c0, cur_a[i], cur_dy[i], bytes[i], ~0u, y[i], g[i]);
+          if constexpr (kRemake) {
+            ctx.template prepare<VEC, true>(a, c0, cur_a[i], cur_dy[i], bytes[i], [] { return ~0u; }, y[i], g[i]);
+          }
 #pragma unroll
           for (int j = 0; j < VEC; ++j) v.val[j] = from_acc<T>(ctx.grad(a, y[i][j], g[i][j], sum));
         }
@@ -1273,7 +1288,7 @@ __global__ void __launch_bounds__(block_threads(G)) streamed_backward_kernel(Bac
             }
             A y[VEC], g[VEC];
             ctx.template prepare<VEC>(a, cu, va[u], vdy[u], ctx.template mask_bytes<VEC>(cu, true),
-                                      ctx.template keep<VEC>(a, row, cu), y, g);
+                                      [&] { return ctx.template keep<VEC>(a, row, cu); }, y, g);
             f(cu, y, g);
           }
         }
