@@ -800,7 +800,7 @@ template <typename T, int ITEMS, int VEC> struct RowKeep {
   static constexpr bool kPacked = sizeof(T) == 2;
   static_assert(!kPacked || VEC == kDropoutDrawsPerBlock, "a 16-bit vector is one Philox block");
   static_assert(kPacked || ITEMS * VEC <= 32, "one bit per element of a thread in one word");
-  PackedKeep<VEC> packed[kPacked ? ITEMS : 1];
+  PackedKeep<VEC> packed[kPacked ? ITEMS : 1];  // set by draw(), read only by rows with dropout
   uint32_t bits = ~0u;
 
   __device__ __forceinline__ auto vector(int i) const {
@@ -1036,12 +1036,19 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
       for (int i = 0; i < ITEMS; ++i) {
         const int c0 = slice.column(i);
         if (valid && c0 < cols) {
+          const auto vector_keep = [&] {
+            if constexpr (kDropout) {
+              return keep.vector(i);
+            } else {
+              return ~0u;
+            }
+          }();
           if (keep_exps) {
-            ctx.template store<VEC, kDropout, true>(a, row, c0, values[i], keep.vector(i), stats, exps_factor);
+            ctx.template store<VEC, kDropout, true>(a, row, c0, values[i], vector_keep, stats, exps_factor);
           } else if constexpr (kShiftedLogs) {
-            ctx.template store<VEC, false, false, true>(a, row, c0, values[i], keep.vector(i), stats, factor);
+            ctx.template store<VEC, false, false, true>(a, row, c0, values[i], vector_keep, stats, factor);
           } else {
-            ctx.template store<VEC, kDropout>(a, row, c0, values[i], keep.vector(i), stats);
+            ctx.template store<VEC, kDropout>(a, row, c0, values[i], vector_keep, stats);
           }
         }
       }
