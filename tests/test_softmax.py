@@ -451,6 +451,15 @@ def test_masked_fully_masked_rows(dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("scale", [-0.5, 0.0])
+def test_masked_nonpositive_scale(dtype, scale):
+    """16-bit register rows fold a positive scale into their exps; other scales take streamed rows."""
+    x = torch.randn(2, 3, 64, 1024, dtype=dtype, device="cuda")
+    _check_masked(x, _keep_mask((2, 1, 64, 1024)), scale, True)
+
+
+@pytest.mark.gpu
 @pytest.mark.sanitizer
 def test_masked_small_cases_sanitizer():
     for dtype in (torch.float16, torch.float32):

@@ -29,6 +29,7 @@
 // formed (scale, mask, causal), in the dropout applied to the output, and in the backward
 // recomputing the probabilities from x and the saved log-sum-exp.
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <type_traits>
 
@@ -605,15 +606,16 @@ template <typename T, bool MASKED> struct ForwardRow {
     if constexpr (MASKED) return mask.template load_bytes<VEC, kVectorMask>(c0, live);
     return {};
   }
-  // The VEC logits of x[c0 ...]: scaled, then masked (`bytes`: mask_bytes). Rounded products: an
-  // FMA of the scaling into a later subtraction of the row max (taken over rounded products)
-  // would be off by the product's rounding error, which is huge for huge logits.
-  template <int VEC, bool kVectorMask = false>
+  // The VEC logits of x[c0 ...]: scaled (unless kUnscaled: rows that fold the scale into their
+  // exps), then masked (`bytes`: mask_bytes). Rounded products: an FMA of the scaling into a
+  // later subtraction of the row max (taken over rounded products) would be off by the
+  // product's rounding error, which is huge for huge logits.
+  template <int VEC, bool kVectorMask = false, bool kUnscaled = false>
   __device__ __forceinline__ void logits(const ForwardArgs<T>& a, int64_t c0, const AlignedVector<T, VEC>& x,
                                          const MaskBytes<VEC>& bytes, acc_t<T> (&out)[VEC], bool live = true) const {
     widen(x, out);
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) out[j] = mul_rn(out[j], a.scale);
+    for (int j = 0; j < VEC; ++j) out[j] = kUnscaled ? out[j] : mul_rn(out[j], a.scale);
     if constexpr (MASKED) mask.template apply<VEC, kVectorMask>(c0, bytes, out, live);
   }
   // Stores the outputs of columns c0 ... of `row` from their VEC logits, or with kExps (never
@@ -893,6 +895,10 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
   // (max, sum) pair behind one barrier; a single group reduces the row max first, then takes the
   // exps against it (one exp per element for every dtype).
   constexpr bool kOnePass = CLUSTER > 1;
+  // Masked 16-bit rows of one group fold the scale into their exps: exp2((x - max x) * scale *
+  // log2 e), one multiply an element fewer; the host sends them a finite scale > 0 only, for
+  // which the max of x is that of the logits (other scales take streamed rows).
+  constexpr bool kFoldScale = MASKED && !kOnePass && sizeof(T) == 2;
   const MaxSum<A> identity{neg_inf<A>(), A(0)};
   __shared__ A scratch[32];
   __shared__ MaxSum<A> slots[2];
@@ -974,7 +980,7 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
         for (int j = 0; j < VEC; ++j) values[i][j] = neg_inf<A>();
         continue;
       }
-      ctx.template logits<VEC, true>(a, c0, cur[i], bytes[i], values[i], live);
+      ctx.template logits<VEC, true, kFoldScale>(a, c0, cur[i], bytes[i], values[i], live);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         if (!MASKED && kBranchless && !live) values[i][j] = neg_inf<A>();
@@ -997,13 +1003,14 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
     const bool shift_empty = shift_max == neg_inf<A>();
     const A shift = shift_empty ? A(0) : shift_max;
     const bool keep_exps = (!kOnePass || sizeof(T) == 2) && (MASKED || !a.log);
+    const A scale_log2e = a.scale * A(1.4426950408889634);
     A sum = 0;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i)
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         const A shifted = values[i][j] - shift;
-        const A e = exp_acc<T>(shifted);
+        const A e = kFoldScale ? exp2_ftz(shifted * scale_log2e) : exp_acc<T>(shifted);
         sum += e;
         if (keep_exps) {
           values[i][j] = e;
@@ -1022,7 +1029,9 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
     } else {
       total.sum = group_reduce<G>(sum, SumOp{}, A(0), scratch);
     }
-    const RowStats<T> stats(total.max, total.sum, a.log);
+    // The row max of the logits: rounding is monotonic, so the scaled max of x is the max of the
+    // rounded products, bit for bit (the backward recomputes those against this lse).
+    const RowStats<T> stats(kFoldScale ? mul_rn(total.max, a.scale) : total.max, total.sum, a.log);
     // exp(logit - shift) * factor = exp(logit - row max) / row sum
     A factor = stats.inv_sum;
     if constexpr (kShiftedLogs) {
@@ -2207,7 +2216,9 @@ cudaError_t launch_masked_softmax_fwd(const MaskedSoftmaxParams& p, DType dtype,
     args.threshold = p.dropout ? dropout_threshold(p.p) : 0u;
     args.keep_scale = static_cast<acc_t<T>>(p.dropout ? 1.0 / (1.0 - p.p) : 1.0);
     args.philox = p.philox;
-    const bool aligned = rows_aligned(p.x, p.x_row_stride, sizeof(T)) && is_aligned(p.out, 16);
+    // 16-bit register rows fold the scale into their exps, which needs a finite scale > 0.
+    const bool foldable = sizeof(T) != 2 || (std::isfinite(p.scale) && p.scale > 0.0);
+    const bool aligned = rows_aligned(p.x, p.x_row_stride, sizeof(T)) && is_aligned(p.out, 16) && foldable;
     const Plan plan =
         make_plan<T>(p.cols, aligned, 1, kMaskedForwardRegisterElems<T>, true, vector_mask(p.mask, kVec16<T>));
     return dispatch_plan<T, kMaskedForwardRegisterElems<T>>(plan, ForwardLaunch<T, true>{args, plan, stream});
