@@ -802,7 +802,9 @@ template <typename T, int ITEMS, int VEC> struct RowKeep {
   static constexpr bool kPacked = sizeof(T) == 2;
   static_assert(!kPacked || VEC == kDropoutDrawsPerBlock, "a 16-bit vector is one Philox block");
   static_assert(kPacked || ITEMS * VEC <= 32, "one bit per element of a thread in one word");
-  PackedKeep<VEC> packed[kPacked ? ITEMS : 1];  // set by draw(), read only by rows with dropout
+  // Set by draw(), read only by rows with dropout. (bits' initial value is never read, but
+  // dropping it changes the fp32 forwards' SASS, which was not re-measured.)
+  PackedKeep<VEC> packed[kPacked ? ITEMS : 1];
   uint32_t bits = ~0u;
 
   __device__ __forceinline__ auto vector(int i) const {
@@ -2216,7 +2218,9 @@ cudaError_t launch_masked_softmax_fwd(const MaskedSoftmaxParams& p, DType dtype,
     args.threshold = p.dropout ? dropout_threshold(p.p) : 0u;
     args.keep_scale = static_cast<acc_t<T>>(p.dropout ? 1.0 / (1.0 - p.p) : 1.0);
     args.philox = p.philox;
-    // 16-bit register rows fold the scale into their exps, which needs a finite scale > 0.
+    // 16-bit register rows fold the scale into their exps, which needs a finite scale > 0; with
+    // another scale every 16-bit masked row takes streamed rows (the plan has no separate switch
+    // for register rows of one group).
     const bool foldable = sizeof(T) != 2 || (std::isfinite(p.scale) && p.scale > 0.0);
     const bool aligned = rows_aligned(p.x, p.x_row_stride, sizeof(T)) && is_aligned(p.out, 16) && foldable;
     const Plan plan =
