@@ -294,8 +294,8 @@ def test_softmax_float64(log):
 # KB chunks, non-portable clusters); (800, 20000) (staged: fp16 backward, fp32 both) and (1600, 8200) (fp32 backward):
 # more rows than the persistent grid of clusters holds, so clusters loop, each stage refilled and
 # reused under its next phase, each inbox of the cluster exchange reused; the same two shapes run
-# the persistent 1024-thread register rows (fp16 forward 20000, fp16 backward and fp32 forward
-# 8200) over many rows a block.
+# the 1024-thread register rows: persistent (fp16 forward 20000, fp16 backward 8200) over many rows
+# a block, and one row per block (fp32 forward 8200).
 @pytest.mark.parametrize("shape", [(3, 7), (5, 64), (4, 1024), (5, 1000), (2, 4096), (2, 20000), (1, 70000),
                                    (2, 140000), (6000, 128), (800, 20000), (1600, 8200)], ids=str)
 def test_softmax_small_cases_sanitizer(shape):

@@ -1,5 +1,5 @@
 // Launcher timing of the softmax kernels (bench/launcher/timing.cuh): bf16 and fp32, 2^27
-// elements, the bars' N; forward bytes x + y, backward y + dy + dx (as bench/softmax.py counts).
+// elements, the bars' N (and 8192, 32768); forward bytes x + y, backward y + dy + dx (as bench/softmax.py counts).
 // Masked softmax: [B, H, L, L] scores (2^27 elements, H = 16, 8 at L = 4096), scale 1/8, a [B, 1, L, L] bool mask
 // (read through broadcast strides) or causal, dropout 0 or 0.1; the mask's bytes counted once.
 #include "../../csrc/softmax/softmax_kernels.cu"
@@ -29,7 +29,7 @@ template <typename T> void time_dtype(DType dtype, const char* label, double cop
   const RowTensors<T> t;
   const T *x = t.x, *dy = t.dy;
   T *y = t.y, *dx = t.dx;
-  for (const int64_t n : {128, 1024, 4096, 16384, 65536, 262144}) {
+  for (const int64_t n : {128, 1024, 4096, 8192, 16384, 32768, 65536, 262144}) {
     const int64_t rows = kElements / n;
     const fusedops::SoftmaxParams f{x, y, rows, n, n, 1.0, false};
     const fusedops::SoftmaxBackwardParams b{y, dy, dx, rows, n, n, n, 1.0, false};
@@ -112,17 +112,20 @@ template <typename T> void time_masked(DType dtype, const char* label, double co
 
 }  // namespace
 
-// SOFTMAX_TIMING=masked times the masked cases only.
+// SOFTMAX_TIMING=masked times the masked cases only, SOFTMAX_TIMING=plain the unmasked ones only.
 int main() {
   const char* cases = std::getenv("SOFTMAX_TIMING");
   const bool masked_only = cases != nullptr && std::strcmp(cases, "masked") == 0;
+  const bool plain_only = cases != nullptr && std::strcmp(cases, "plain") == 0;
   const double copy = timing::copy_gbs();
   std::printf("copy %.1f GB/s\n", copy);
   if (!masked_only) {
     time_dtype<__nv_bfloat16>(DType::BFloat16, "bf16", copy);
     time_dtype<float>(DType::Float32, "fp32", copy);
   }
-  time_masked<__nv_bfloat16>(DType::BFloat16, "bf16", copy);
-  time_masked<float>(DType::Float32, "fp32", copy);
+  if (!plain_only) {
+    time_masked<__nv_bfloat16>(DType::BFloat16, "bf16", copy);
+    time_masked<float>(DType::Float32, "fp32", copy);
+  }
   return 0;
 }

@@ -6,7 +6,8 @@
 //   ITEMS vectors of VEC elements in registers in the storage type, so the row is read from HBM
 //   once. Rows of one block or less (PERSISTENT false) take one row group per block on a grid
 //   sized to the data: every thread loads its row, reduces and writes it, and the other resident
-//   blocks keep the loads in flight meanwhile. The forward reduces the row max, then the sum of
+//   blocks keep the loads in flight meanwhile (1024-thread rows, except the fp32 forward's, take
+//   the persistent loop of cluster rows instead: see kPersistentForwardGroup). The forward reduces the row max, then the sum of
 //   exp(logit - row max), keeping those exps (one exp per element);
 // - staged rows (sm_90, unmasked rows past one register block, up to 16 blocks of 64 KB): a
 //   cluster of 512-thread blocks per row, one block per SM, each owning a chunk of the row; a
@@ -69,14 +70,24 @@ template <typename T> constexpr int kMaskedForwardRegisterElems = sizeof(T) == 2
 // registers a thread (two 512-thread blocks per SM): such kernels load each row when they reach
 // it and hide latency with the second block instead.
 constexpr int kMaxPrefetchRegisters = 40;
-// Register rows of one group take the persistent, pipelined loop from this group size on (the
-// plan's `persistent`; cluster rows always do). On the H200 (2026-11-29, bench.sweep) the
+// Register rows of one group take the persistent, pipelined loop from these group sizes on
+// (the plan's `persistent`; cluster rows always do): the 16-bit forward and every backward from
+// 1024 threads, the fp32 forward never (2048). On the H200 (2026-11-29, bench.sweep) the
 // persistent loop lost 5-27 points of copy bandwidth to one row group per block at N <= 4096
-// (groups <= 256) and won 2x on cluster rows; groups of 512 (N <= 8192) were not measured
-// either way. Groups from kPersistentOption on are built both ways, so this is the one switch.
+// (groups <= 256) and won 2x on cluster rows. 1024-thread rows, one row per block against the
+// persistent loop (launcher timing, H200, session 13): the fp32 forward (N = 16384) 89.5 -> 95.9%
+// of copy (32 registers, two blocks an SM, where the loop's register prefetch takes 64); the bf16
+// forward (N = 32768; 64 registers either way, the loop prefetching into L2) 84.9 -> 74.5, the
+// bf16 backward (16384) 97.2 -> 92.3. Groups from kPersistentOption on are built both ways, so
+// these are the switches.
 constexpr int kPersistentOption = 512;
-constexpr int kPersistentGroup = 1024;
-static_assert(kPersistentGroup >= kPersistentOption, "persistent register rows must be built");
+template <typename T> constexpr int kPersistentForwardGroup = std::is_same<T, float>::value ? 2048 : 1024;
+constexpr int kPersistentBackwardGroup = 1024;
+template <typename T, int TENSORS>
+constexpr int kPersistentGroup = TENSORS == 2 ? kPersistentBackwardGroup : kPersistentForwardGroup<T>;
+static_assert(kPersistentForwardGroup<float> >= kPersistentOption && kPersistentForwardGroup<__half> >= kPersistentOption &&
+                  kPersistentBackwardGroup >= kPersistentOption,
+              "persistent register rows must be built");
 constexpr int kStreamUnroll = 4;       // vectors loaded before any is used in streamed rows
 constexpr int kStreamThreads = 512;    // threads per row for long streamed rows (128 registers each)
 // Cluster rows use 512-thread blocks, two per SM, so one block's loads overlap the other's
@@ -1912,7 +1923,7 @@ Plan make_plan(int64_t cols, bool aligned, int tensors, int per_thread, bool mas
     while (group < threads) group *= 2;
     plan.group = group;
     plan.items = items;
-    plan.persistent = group >= kPersistentGroup;
+    plan.persistent = group >= (tensors == 2 ? kPersistentGroup<T, 2> : kPersistentGroup<T, 1>);
     return plan;
   }
   plan.group = kStreamThreads;
@@ -2004,7 +2015,7 @@ cudaError_t dispatch_register_rows(const Plan& plan, Launch launch) {
   if constexpr (G >= kPersistentOption) {
     if (plan.persistent) return launch.template register_rows<G, ITEMS, VEC, true>();
   }
-  if constexpr (G < kPersistentGroup) {
+  if constexpr (G < kPersistentGroup<typename Launch::Scalar, Launch::kTensors>) {
     if (!plan.persistent) return launch.template register_rows<G, ITEMS, VEC, false>();
   }
   return cudaErrorInvalidConfiguration;
@@ -2080,6 +2091,7 @@ cudaError_t dispatch_plan(const Plan& plan, Launch launch) {
 // Launches the forward's or the backward's kernel of each kind of row, for dispatch_plan. The
 // forward reads one row tensor, the backward two.
 template <typename T, bool MASKED, bool BACKWARD> struct RowLaunch {
+  using Scalar = T;
   using Args = std::conditional_t<BACKWARD, BackwardArgs<T>, ForwardArgs<T>>;
   static constexpr int kTensors = BACKWARD ? 2 : 1;
   const Args& args;
