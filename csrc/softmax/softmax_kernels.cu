@@ -7,8 +7,9 @@
 //   once. Rows of one block or less (PERSISTENT false) take one row group per block on a grid
 //   sized to the data: every thread loads its row, reduces and writes it, and the other resident
 //   blocks keep the loads in flight meanwhile (1024-thread rows, except the fp32 forward's, take
-//   the persistent loop of cluster rows instead: see kPersistentForwardGroup). The forward reduces the row max, then the sum of
-//   exp(logit - row max), keeping those exps (one exp per element);
+//   the persistent loop of cluster rows instead: see kPersistentForwardGroup). The forward
+//   reduces the row max, then the sum of exp(logit - row max), keeping those exps (one exp per
+//   element);
 // - staged rows (sm_90, unmasked rows past one register block, up to 16 blocks of 64 KB): a
 //   cluster of 512-thread blocks per row, one block per SM, each owning a chunk of the row; a
 //   ring of shared-memory stages, filled by bulk copies, keeps the next rows' chunks in flight
@@ -85,8 +86,8 @@ template <typename T> constexpr int kPersistentForwardGroup = std::is_same<T, fl
 constexpr int kPersistentBackwardGroup = 1024;
 template <typename T, int TENSORS>
 constexpr int kPersistentGroup = TENSORS == 2 ? kPersistentBackwardGroup : kPersistentForwardGroup<T>;
-static_assert(kPersistentForwardGroup<float> >= kPersistentOption && kPersistentForwardGroup<__half> >= kPersistentOption &&
-                  kPersistentBackwardGroup >= kPersistentOption,
+static_assert(kPersistentForwardGroup<float> >= kPersistentOption &&
+                  kPersistentForwardGroup<__half> >= kPersistentOption && kPersistentBackwardGroup >= kPersistentOption,
               "persistent register rows must be built");
 constexpr int kStreamUnroll = 4;       // vectors loaded before any is used in streamed rows
 constexpr int kStreamThreads = 512;    // threads per row for long streamed rows (128 registers each)
