@@ -2193,6 +2193,21 @@ BackwardArgs<T> backward_args(const void* a_ptr, const void* dy, void* dx, int64
   return a;
 }
 
+// The masked-softmax arguments the forward and the backward share: the saved statistics, the
+// mask and its row locator, causal masking and dropout.
+template <typename T, class Params, class Args> void masked_args(const Params& p, Args& args) {
+  args.lse = static_cast<decltype(args.lse)>(p.lse);
+  args.rng_state = p.rng_state;
+  args.q_len = p.q_len;
+  args.mask = p.mask;
+  args.locator = row_locator(p.mask, p.rows, p.q_len);
+  args.causal = p.causal;
+  args.dropout = p.dropout;
+  // Without dropout every element is kept at scale 1 (kernels may apply these regardless).
+  args.threshold = p.dropout ? dropout_threshold(p.p) : 0u;
+  args.keep_scale = static_cast<acc_t<T>>(p.dropout ? 1.0 / (1.0 - p.p) : 1.0);
+}
+
 }  // namespace
 
 cudaError_t launch_softmax_fwd(const SoftmaxParams& p, DType dtype, cudaStream_t stream) {
@@ -2220,24 +2235,15 @@ cudaError_t launch_masked_softmax_fwd(const MaskedSoftmaxParams& p, DType dtype,
   if (p.rows == 0 || p.cols == 0) return cudaSuccess;
   return FUSEDOPS_DISPATCH_FLOAT_TYPES(dtype, T, [&] {
     auto args = forward_args<T>(p.x, p.out, p.rows, p.cols, p.x_row_stride, p.scale, false);
-    args.lse = static_cast<decltype(args.lse)>(p.lse);
-    args.rng_state = p.rng_state;
-    args.q_len = p.q_len;
-    args.mask = p.mask;
-    args.locator = row_locator(p.mask, p.rows, p.q_len);
-    args.causal = p.causal;
-    args.dropout = p.dropout;
-    // Without dropout every element is kept at scale 1 (kernels may apply these regardless).
-    args.threshold = p.dropout ? dropout_threshold(p.p) : 0u;
-    args.keep_scale = static_cast<acc_t<T>>(p.dropout ? 1.0 / (1.0 - p.p) : 1.0);
+    masked_args<T>(p, args);
     args.philox = p.philox;
     // 16-bit register rows fold the scale into their exps, which needs a finite scale > 0; with
     // another scale every 16-bit masked row takes streamed rows (the plan has no separate switch
     // for register rows of one group).
     const bool foldable = sizeof(T) != 2 || (std::isfinite(p.scale) && p.scale > 0.0);
-    const bool aligned = rows_aligned(p.x, p.x_row_stride, sizeof(T)) && is_aligned(p.out, 16) && foldable;
-    const Plan plan =
-        make_plan<T>(p.cols, aligned, 1, kMaskedForwardRegisterElems<T>, true, vector_mask(p.mask, kVec16<T>));
+    const bool aligned = rows_aligned(p.x, p.x_row_stride, sizeof(T)) && is_aligned(p.out, 16);
+    const Plan plan = make_plan<T>(p.cols, aligned && foldable, 1, kMaskedForwardRegisterElems<T>, true,
+                                   vector_mask(p.mask, kVec16<T>));
     return dispatch_plan<T, kMaskedForwardRegisterElems<T>>(plan, ForwardLaunch<T, true>{args, plan, stream});
   });
 }
@@ -2246,16 +2252,7 @@ cudaError_t launch_masked_softmax_bwd(const MaskedSoftmaxBackwardParams& p, DTyp
   if (p.rows == 0 || p.cols == 0) return cudaSuccess;
   return FUSEDOPS_DISPATCH_FLOAT_TYPES(dtype, T, [&] {
     auto args = backward_args<T>(p.x, p.dy, p.dx, p.rows, p.cols, p.x_row_stride, p.dy_row_stride, p.scale, false);
-    args.lse = static_cast<decltype(args.lse)>(p.lse);
-    args.rng_state = p.rng_state;
-    args.q_len = p.q_len;
-    args.mask = p.mask;
-    args.locator = row_locator(p.mask, p.rows, p.q_len);
-    args.causal = p.causal;
-    args.dropout = p.dropout;
-    // Without dropout every element is kept at scale 1 (kernels may apply these regardless).
-    args.threshold = p.dropout ? dropout_threshold(p.p) : 0u;
-    args.keep_scale = static_cast<acc_t<T>>(p.dropout ? 1.0 / (1.0 - p.p) : 1.0);
+    masked_args<T>(p, args);
     const bool aligned = rows_aligned(p.x, p.x_row_stride, sizeof(T)) &&
                          rows_aligned(p.dy, p.dy_row_stride, sizeof(T)) && is_aligned(p.dx, 16);
     const Plan plan = make_plan<T>(p.cols, aligned, 2, kRegisterElems, true, vector_mask(p.mask, kVec16<T>));
