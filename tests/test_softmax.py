@@ -451,6 +451,28 @@ def test_masked_fully_masked_rows(dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype, lk", [(torch.float32, 1024), (torch.bfloat16, 2048)], ids=str)
+def test_masked_heads_sharing_mask_rows_past_the_l2(dtype, lk):
+    """4096 query rows of a [B, 1, L, Lk] mask move 32 MB between two heads' reads of a mask row:
+    these rows run on a 3D grid that visits the heads of a query one after another (row_grid).
+    Values, gradients and the dropout stream stay those of each row's own index."""
+    x = torch.randn(2, 3, 4096, lk, dtype=dtype, device="cuda")
+    mask = _keep_mask((2, 1, 4096, lk))
+    _check_masked(x, mask, 0.6, True)
+    p = 0.25
+    grad = torch.randn_like(x)
+    xg = x.clone().requires_grad_(True)
+    out, lse, rng_state = ops.masked_softmax_fwd(xg, mask, 0.6, False, p, True)
+    (dx,) = torch.autograd.grad(out, xg, grad)
+    ref_out, ref_lse = reference.masked_softmax(x.double(), mask, 0.6, False, p, rng_state)
+    ref_dx = reference.masked_softmax_backward(grad.double(), x.double(), mask, ref_lse, rng_state, 0.6, False, p)
+    tol = {torch.float32: 1e-5, torch.bfloat16: 1e-2}[dtype]
+    torch.testing.assert_close(out.double(), ref_out, atol=tol, rtol=tol)
+    torch.testing.assert_close(dx.double(), ref_dx, atol=tol, rtol=tol)
+    torch.testing.assert_close(lse.double(), ref_lse, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("scale", [-0.5, 0.0])
 def test_masked_nonpositive_scale(dtype, scale):

@@ -14,6 +14,14 @@ __device__ __forceinline__ uint32_t shared_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// Asks the L2 for `bytes` (a multiple of 16) of global memory from `src` (16-byte aligned): one
+// bulk prefetch, no registers held for the bytes in flight. Nothing before sm_90.
+__device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+#endif
+}
+
 // One mbarrier per stage, completed by the bytes of its bulk copies: thread 0 arms it with the
 // stage's byte count and issues the copies; every thread waits on it with the stage's phase.
 struct StageRing {

@@ -199,13 +199,22 @@ __device__ __forceinline__ V group_reduce(V value, Op op, V identity, V* scratch
 // The rows a group visits: a grid-stride loop whose trip count is uniform across the block (and
 // the cluster), so every thread reaches every reduction; `valid` says whether the group's row
 // exists. With CLUSTER > 1 the CLUSTER consecutive blocks of a cluster share each row, block
-// `rank` holding its rank-th slice.
-template <int G, int CLUSTER = 1> struct RowCursor {
+// `rank` holding its rank-th slice. ROW_GRID: blocks of one row each on row_grid's 3D grid, block
+// (x, y, z) taking row (z * gridDim.x + x) * gridDim.y + y (at most 2^30 rows: 32 bits), so that
+// the rows sharing a mask row start one after another.
+template <int G, int CLUSTER = 1, bool ROW_GRID = false> struct RowCursor {
+  static_assert(!ROW_GRID || (G > 32 && CLUSTER == 1), "a row grid has blocks of one row each");
   static constexpr int kRowsPerBlock = G <= 32 ? kSmallGroupBlock / G : 1;
   __device__ static int lane() { return G <= 32 ? threadIdx.x % G : threadIdx.x; }
   __device__ static int rank() { return blockIdx.x % CLUSTER; }
-  __device__ static int64_t first() { return static_cast<int64_t>(blockIdx.x / CLUSTER) * kRowsPerBlock; }
-  __device__ static int64_t step() { return static_cast<int64_t>(gridDim.x / CLUSTER) * kRowsPerBlock; }
+  __device__ static int64_t first() {
+    if constexpr (ROW_GRID) return (blockIdx.z * gridDim.x + blockIdx.x) * gridDim.y + blockIdx.y;
+    return static_cast<int64_t>(blockIdx.x / CLUSTER) * kRowsPerBlock;
+  }
+  __device__ static int64_t step() {
+    if constexpr (ROW_GRID) return static_cast<int64_t>(gridDim.x) * gridDim.y * gridDim.z;
+    return static_cast<int64_t>(gridDim.x / CLUSTER) * kRowsPerBlock;
+  }
   // A block of G > 32 threads is one group: no division by blockDim.x (~20 instructions).
   __device__ static int64_t row(int64_t base) { return G <= 32 ? base + threadIdx.x / G : base; }
 };
@@ -891,17 +900,16 @@ __device__ __forceinline__ void prefetch_row_l2(const Args& a, const T* tensor, 
   end = std::min<int64_t>(end, begin + G * ITEMS * VEC);
   if (end <= begin) return;
   // 16-byte multiples at 16-byte aligned addresses: register rows are vectorized rows.
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(tensor + row * row_stride + begin),
-               "r"(static_cast<uint32_t>((end - begin) * sizeof(T)))
-               : "memory");
+  prefetch_l2(tensor + row * row_stride + begin, static_cast<uint32_t>((end - begin) * sizeof(T)));
 #endif
 }
 
-template <typename T, int G, int ITEMS, int VEC, bool MASKED, int CLUSTER, bool PERSISTENT>
+// ROW_GRID: launched on row_grid's 3D grid (masked rows of one row a block), see RowCursor.
+template <typename T, int G, int ITEMS, int VEC, bool MASKED, int CLUSTER, bool PERSISTENT, bool ROW_GRID = false>
 __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKED, CLUSTER))
     register_forward_kernel(ForwardArgs<T> a) {
   using A = acc_t<T>;
-  using Cursor = RowCursor<G, CLUSTER>;
+  using Cursor = RowCursor<G, CLUSTER, ROW_GRID>;
   using Vec = AlignedVector<T, VEC>;
   using Ctx = ForwardRow<T, MASKED>;
   constexpr bool kPrefetch = PERSISTENT && register_prefetch<T, G, ITEMS, VEC, 1, MASKED>();
@@ -1086,11 +1094,11 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
   cluster_exit_barrier<CLUSTER>();
 }
 
-template <typename T, int G, int ITEMS, int VEC, bool MASKED, int CLUSTER, bool PERSISTENT>
+template <typename T, int G, int ITEMS, int VEC, bool MASKED, int CLUSTER, bool PERSISTENT, bool ROW_GRID = false>
 __global__ void __launch_bounds__(block_threads(G), sizeof(T) == 4 ? register_min_blocks(G, MASKED, CLUSTER) : 0)
     register_backward_kernel(BackwardArgs<T> a) {
   using A = acc_t<T>;
-  using Cursor = RowCursor<G, CLUSTER>;
+  using Cursor = RowCursor<G, CLUSTER, ROW_GRID>;
   using Vec = AlignedVector<T, VEC>;
   using Ctx = BackwardRow<T, MASKED>;
   constexpr bool kPrefetch = PERSISTENT && register_prefetch<T, G, ITEMS, VEC, 2, MASKED>();
@@ -1869,6 +1877,7 @@ struct Plan {
   size_t cache_bytes;
   int staged_vecs;  // staged rows: vectors per thread and tensor (cluster: blocks per row); 0 otherwise
   int staged_threads;  // staged rows: threads per block
+  dim3 row_grid{0, 1, 1};  // masked register rows of one row a block: row_grid's 3D grid, or x = 0: row order
 };
 
 // Staged rows: vectors per thread and tensor, the blocks per row (`cluster`) and their threads;
@@ -2098,14 +2107,22 @@ template <typename T, bool MASKED, bool BACKWARD> struct RowLaunch {
   const Args& args;
   const Plan& plan;
   cudaStream_t stream;
-  template <int G, int ITEMS, int VEC, int CLUSTER, bool PERSISTENT> static constexpr auto register_kernel() {
+  template <int G, int ITEMS, int VEC, int CLUSTER, bool PERSISTENT, bool ROW_GRID = false>
+  static constexpr auto register_kernel() {
     if constexpr (BACKWARD) {
-      return register_backward_kernel<T, G, ITEMS, VEC, MASKED, CLUSTER, PERSISTENT>;
+      return register_backward_kernel<T, G, ITEMS, VEC, MASKED, CLUSTER, PERSISTENT, ROW_GRID>;
     } else {
-      return register_forward_kernel<T, G, ITEMS, VEC, MASKED, CLUSTER, PERSISTENT>;
+      return register_forward_kernel<T, G, ITEMS, VEC, MASKED, CLUSTER, PERSISTENT, ROW_GRID>;
     }
   }
   template <int G, int ITEMS, int VEC, bool PERSISTENT> cudaError_t register_rows() const {
+    // The row grid has kernels of its own, so that rows in row order run the same code without it.
+    if constexpr (MASKED && !PERSISTENT && G > 32) {
+      if (plan.row_grid.x != 0) {
+        register_kernel<G, ITEMS, VEC, 1, false, true>()<<<plan.row_grid, block_threads(G), 0, stream>>>(args);
+        return cudaGetLastError();
+      }
+    }
     return launch_register_rows(register_kernel<G, ITEMS, VEC, 1, PERSISTENT>(), args, G, PERSISTENT, stream);
   }
   template <int CLUSTER, int G, int ITEMS, int VEC> cudaError_t cluster_rows() const {
@@ -2193,6 +2210,31 @@ BackwardArgs<T> backward_args(const void* a_ptr, const void* dy, void* dx, int64
   return a;
 }
 
+// The grid of masked register rows (one row per block): in row order the rows that share a
+// broadcast mask row (the H heads of a [B, 1, L, L] mask over [B, H, L, L] scores) are L rows
+// apart, and once those L rows outgrow the L2 every head reads the mask row from DRAM again. A
+// 3D grid (H, L, B), whose blocks start x fastest, visits the heads of a query one after another
+// instead (the ROW_GRID kernels; dim3(0, 1, 1): row order). Taken when the rows between two reads
+// of a mask row move (read and write) at least kL2InFlightBytes; below that the heads-inner order
+// lost 0.3-5 points (session 13). Launcher timing, H200, session 14, [B, 16, L, L] with a
+// [B, 1, L, L] bool mask, row order -> row grid: bf16 L = 4096 forward 80.4 -> 89.8% of copy,
+// backward 89.2 -> 93.8 (with dropout 75.6 -> 77.2); fp32 L = 2048 / 4096 forward 77.1 / 71.3 ->
+// 79.5 / 75.2 (with dropout 68.2 / 65.5 -> 72.2 / 69.8), backward 95.5 / 96.0 -> 97.8 / 99.2.
+template <typename T>
+dim3 row_grid(const MaskLayout& m, const Plan& plan, int64_t rows, int64_t cols, int row_tensors) {
+  constexpr int kInner = kMaxLeadDims - 1, kShared = kMaxLeadDims - 2;
+  const int64_t inner = m.lead_sizes[kInner], shared = m.lead_sizes[kShared];
+  const bool one_row_blocks = plan.items > 0 && plan.cluster == 1 && !plan.persistent && plan.group > 32;
+  if (m.kind == MaskKind::None || !one_row_blocks || m.lead_strides[kInner] == 0 || shared == 1 ||
+      m.lead_strides[kShared] != 0 || rows > (int64_t(1) << 30) ||
+      inner * cols * int64_t(sizeof(T)) * row_tensors < kL2InFlightBytes) {
+    return dim3(0, 1, 1);
+  }
+  const int64_t outer = rows / (inner * shared);
+  if (inner > 65535 || outer > 65535) return dim3(0, 1, 1);
+  return dim3(static_cast<unsigned>(shared), static_cast<unsigned>(inner), static_cast<unsigned>(outer));
+}
+
 // The masked-softmax arguments the forward and the backward share: the saved statistics, the
 // mask and its row locator, causal masking and dropout.
 template <typename T, class Params, class Args> void masked_args(const Params& p, Args& args) {
@@ -2242,8 +2284,9 @@ cudaError_t launch_masked_softmax_fwd(const MaskedSoftmaxParams& p, DType dtype,
     // for register rows of one group).
     const bool foldable = sizeof(T) != 2 || (std::isfinite(p.scale) && p.scale > 0.0);
     const bool aligned = rows_aligned(p.x, p.x_row_stride, sizeof(T)) && is_aligned(p.out, 16);
-    const Plan plan = make_plan<T>(p.cols, aligned && foldable, 1, kMaskedForwardRegisterElems<T>, true,
-                                   vector_mask(p.mask, kVec16<T>));
+    Plan plan = make_plan<T>(p.cols, aligned && foldable, 1, kMaskedForwardRegisterElems<T>, true,
+                             vector_mask(p.mask, kVec16<T>));
+    plan.row_grid = row_grid<T>(p.mask, plan, p.rows, p.cols, 2);
     return dispatch_plan<T, kMaskedForwardRegisterElems<T>>(plan, ForwardLaunch<T, true>{args, plan, stream});
   });
 }
@@ -2255,7 +2298,8 @@ cudaError_t launch_masked_softmax_bwd(const MaskedSoftmaxBackwardParams& p, DTyp
     masked_args<T>(p, args);
     const bool aligned = rows_aligned(p.x, p.x_row_stride, sizeof(T)) &&
                          rows_aligned(p.dy, p.dy_row_stride, sizeof(T)) && is_aligned(p.dx, 16);
-    const Plan plan = make_plan<T>(p.cols, aligned, 2, kRegisterElems, true, vector_mask(p.mask, kVec16<T>));
+    Plan plan = make_plan<T>(p.cols, aligned, 2, kRegisterElems, true, vector_mask(p.mask, kVec16<T>));
+    plan.row_grid = row_grid<T>(p.mask, plan, p.rows, p.cols, 3);
     return dispatch_plan<T, kRegisterElems>(plan, BackwardLaunch<T, true>{args, plan, stream});
   });
 }
