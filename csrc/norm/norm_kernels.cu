@@ -98,8 +98,8 @@ constexpr int kBwdSharedSumsChunks = 4;
 // bulk copies, several rows in flight per block) rather than the register-row or shared-sums
 // kernels; rows of more than kStagedThreads * kBwdStagedChunks chunks are split over a cluster of
 // blocks (at most kBwdStagedMaxCluster). Session 5 (launcher timing, H200): with 2 chunks a
-// thread, staged LayerNorm rows beat register rows by 3-10 points of copy at N = 2048-8192 (1
-// chunk lost 4-5 points, 4 chunks spill); staged RMSNorm rows of up to 1024 chunks lost 3-9
+// thread of 512, staged LayerNorm rows beat register rows by 3-10 points of copy at N = 2048-8192
+// (1 chunk lost 4-5 points, 4 chunks spill); staged RMSNorm rows of up to 1024 chunks lost 3-9
 // points to register rows; a staged forward lost 5-10 points at every N and was removed.
 constexpr int kLnBwdStagedMinChunks = 128;
 constexpr int kRmsBwdStagedMinChunks = 1024;
@@ -108,7 +108,19 @@ constexpr int kRmsBwdStagedMinChunks = 1024;
 // H200, session 6, add_layer_norm backward at N = 2048 / 4096 / 8192: 87.9 / 90.3 / 90.9% of copy
 // staged, 92.5 / 95.5 / 93.0 on register rows.
 constexpr bool kAddBwdStagedBlockRows = false;
-constexpr int kBwdStagedChunks = 2;
+// Staged rows' chunks a thread and threads a block: rows without a residual_out gradient
+// (LayerNorm, RMSNorm) take kBwdStagedChunks of kStagedThreads, the add_* variants'
+// kAddBwdStagedChunks of kAddStagedThreads. The staged kernels are issue-bound, and half of a
+// cluster row's instructions at 2 chunks a thread were per row, not per element (ncu, session
+// 10: 579 warp instructions a row, ~300 of them elementwise); 4 chunks a thread halve that share
+// (210 registers, one 256-thread block an SM). Launcher timing, H200, session 14, 512 x 2 -> 256 x
+// 4: LayerNorm backward 16384 / 32768 72.9 / 64.4 -> 78.5 / 71.3% of copy, 2048-8192 +0.5 to
+// +1.4; RMSNorm 16384 / 32768 82.9 / 79.6 -> 83.4 / 81.5; add_layer_norm / add_rms_norm at 16384
+// 81.8 / 86.4 -> 80.5 / 85.5 (level at 32768).
+constexpr int kBwdStagedChunks = 4;
+constexpr int kStagedThreads = 256;
+constexpr int kAddBwdStagedChunks = 2;
+constexpr int kAddStagedThreads = 512;
 constexpr int kBwdStagedMaxCluster = 8;
 // The ring bytes an SM aims for (single-block rows / cluster rows), split between the blocks its
 // registers hold: each block's ring holds as many whole stages (rows) as fit in its share, at
@@ -125,7 +137,6 @@ constexpr int kClusterMinStages = 4;
 constexpr int kStagedSmBytes = 128 * 1024;
 constexpr int kClusterStagedSmBytes = 128 * 1024;
 constexpr int kStagedMaxStages = 8;
-constexpr int kStagedThreads = 512;
 
 static_assert(kLnBwdWarpRowsMaxChunks == 32 || kLnBwdWarpRowsMaxChunks == 64 || kLnBwdWarpRowsMaxChunks == 128);
 static_assert(kRmsBwdWarpRowsMaxChunks == 32 || kRmsBwdWarpRowsMaxChunks == 64 || kRmsBwdWarpRowsMaxChunks == 128);
@@ -135,7 +146,8 @@ static_assert(kLnBwdRegisterSumsMaxChunks <= 1024 && kRmsBwdRegisterSumsMaxChunk
 static_assert(kLnBwdRegisterSumsChunks == 1 || kLnBwdRegisterSumsChunks == 2);
 static_assert(kRmsBwdRegisterSumsChunks == 1 || kRmsBwdRegisterSumsChunks == 2);
 static_assert(kBwdSharedSumsChunks == 2 || kBwdSharedSumsChunks == 4);
-static_assert(kBwdStagedChunks == 1 || kBwdStagedChunks == 2);
+static_assert(kBwdStagedChunks * kStagedThreads == kAddBwdStagedChunks * kAddStagedThreads,
+              "both staged shapes split rows into clusters at the same length");
 static_assert(kBwdStagedMaxCluster >= 1 && kBwdStagedMaxCluster <= 8);  // portable cluster sizes
 static_assert(kClusterMinStages >= kPipelineMinStages && kStagedMaxStages >= kClusterMinStages);
 
@@ -919,9 +931,10 @@ __device__ __forceinline__ void load_staged_chunks(const char* slot, const RowGr
 }
 
 // CLUSTER: rows split over clusters (shape.cluster > 1, fp32 sums) or one block per row, compiled
-// without the exchange (its code costs the single-block rows ~10 points of copy).
-template <typename T, typename W, bool RMS, int VEC, int VPT, bool CLUSTER>
-__global__ void __launch_bounds__(kStagedThreads) norm_bwd_staged_kernel(const NormBwdParams p, StagedRows shape) {
+// without the exchange (its code costs the single-block rows ~10 points of copy). VPT chunks a
+// thread, at most MAX_THREADS threads a block.
+template <typename T, typename W, bool RMS, int VEC, int VPT, int MAX_THREADS, bool CLUSTER>
+__global__ void __launch_bounds__(MAX_THREADS) norm_bwd_staged_kernel(const NormBwdParams p, StagedRows shape) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using A = acc_t<T>;
   static_assert(!CLUSTER || std::is_same_v<A, float>, "cluster rows exchange fp32 sums");
@@ -1291,22 +1304,22 @@ int64_t persistent_blocks(Kernel kernel, int threads, int shared_bytes, int sms,
 }
 
 // The staged backward's shape for rows of `cols` columns (a multiple of VEC) and `tensors` input
-// tensors: blocks per row (a cluster for rows of more than kStagedThreads * kBwdStagedChunks
-// chunks, each block owning an equal slice, with fp32 row sums), `threads` a block and the ring
-// (see k{,Cluster}StagedSmBytes; `shared_bytes` of dynamic shared memory). stages = 0 when the row does not
-// take staged rows.
-template <typename T, int VEC, typename Kernel>
+// tensors, in blocks of at most MAX_THREADS threads of VPT chunks: blocks per row (a cluster for
+// rows of more than MAX_THREADS * VPT chunks, each block owning an equal slice, with fp32 row
+// sums), `threads` a block and the ring (see k{,Cluster}StagedSmBytes; `shared_bytes` of dynamic
+// shared memory). stages = 0 when the row does not take staged rows.
+template <typename T, int VEC, int VPT, int MAX_THREADS, typename Kernel>
 StagedRows staged_bwd_shape(Kernel kernel, int64_t cols, int tensors, const DeviceLimits& device, int& threads,
                             int& shared_bytes) {
   constexpr int64_t kStaticBytes = 1024;  // the kernel's mbarriers, reduction scratch and inboxes
-  constexpr int64_t kBlockChunks = int64_t(kStagedThreads) * kBwdStagedChunks;
+  constexpr int64_t kBlockChunks = int64_t(MAX_THREADS) * VPT;
   StagedRows shape{0, 0, 1, 0};
   const int64_t chunks = cols / VEC;
   while (shape.cluster < kBwdStagedMaxCluster && chunks > shape.cluster * kBlockChunks) shape.cluster *= 2;
   if (chunks > shape.cluster * kBlockChunks) return shape;
   if (shape.cluster > 1 && (!std::is_same_v<acc_t<T>, float> || cols % (shape.cluster * VEC) != 0)) return shape;
   shape.slice_cols = static_cast<int>(cols / shape.cluster);
-  threads = threads_for((shape.slice_cols / VEC + kBwdStagedChunks - 1) / kBwdStagedChunks);
+  threads = threads_for((shape.slice_cols / VEC + VPT - 1) / VPT);
   shape.slot_bytes = static_cast<int>((shape.slice_cols * int64_t(sizeof(T)) + 127) / 128 * 128);
   const int64_t stage_bytes = int64_t(tensors) * shape.slot_bytes;
   const int64_t fit = (device.max_shared - kStaticBytes) / stage_bytes;
@@ -1434,15 +1447,24 @@ BwdPlan plan_bwd_with(const NormBwdParams& p) {
   plan.bias_from_dy = false;
   plan.staged_kernel = nullptr;
   if constexpr (VEC == kVec16<T>) {
+    const bool add = p.dresidual_out != nullptr;
     const bool cluster_rows = chunks > int64_t(kStagedThreads) * kBwdStagedChunks;
     if (device.major >= 9 && chunks > (RMS ? kRmsBwdStagedMinChunks : kLnBwdStagedMinChunks) &&
-        (kAddBwdStagedBlockRows || p.dresidual_out == nullptr || cluster_rows)) {
-      StagedBwdKernel kernel = norm_bwd_staged_kernel<T, W, RMS, VEC, kBwdStagedChunks, false>;
-      if constexpr (std::is_same_v<A, float>) {
-        if (cluster_rows) kernel = norm_bwd_staged_kernel<T, W, RMS, VEC, kBwdStagedChunks, true>;
-      }
-      const int tensors = p.dresidual_out != nullptr ? 3 : 2;
-      plan.staged = staged_bwd_shape<T, VEC>(kernel, p.cols, tensors, device, plan.threads, plan.shared_bytes);
+        (kAddBwdStagedBlockRows || !add || cluster_rows)) {
+      const auto staged = [&](auto vpt, auto max_threads) {
+        constexpr int kVpt = decltype(vpt)::value, kMaxThreads = decltype(max_threads)::value;
+        StagedBwdKernel kernel = norm_bwd_staged_kernel<T, W, RMS, VEC, kVpt, kMaxThreads, false>;
+        if constexpr (std::is_same_v<A, float>) {
+          if (cluster_rows) kernel = norm_bwd_staged_kernel<T, W, RMS, VEC, kVpt, kMaxThreads, true>;
+        }
+        plan.staged = staged_bwd_shape<T, VEC, kVpt, kMaxThreads>(kernel, p.cols, add ? 3 : 2, device, plan.threads,
+                                                                  plan.shared_bytes);
+        return kernel;
+      };
+      using std::integral_constant;
+      const StagedBwdKernel kernel =
+          add ? staged(integral_constant<int, kAddBwdStagedChunks>{}, integral_constant<int, kAddStagedThreads>{})
+              : staged(integral_constant<int, kBwdStagedChunks>{}, integral_constant<int, kStagedThreads>{});
       if (plan.staged.stages > 0) {
         ClusterLaunch<StagedBwdKernel> wave(kernel, plan.staged.cluster, plan.threads, plan.shared_bytes, nullptr);
         const int active = wave.active();
