@@ -792,18 +792,25 @@ constexpr bool register_prefetch() {
 }
 
 // Forward rows without register prefetch hide latency with occupancy. Masked rows ask for at
-// least kMaskedThreadsPerSM resident threads (85 registers a thread; left alone they take up to
-// 93), which they fit without spilling. Plain rows are left to ptxas: a full SM (32 registers)
-// measured the same as its choice for 16 elements a thread and made 32 spill (H200, session 3).
-// Masked cluster rows would spill and are left free, as is the 16-bit masked backward; the fp32
-// masked backward takes the bound too (80 registers, no spills, where ptxas chose 92-102): H200,
-// session 9, launcher timing, masked [B, H, L, L] with dropout 0.1, L = 512 / 1024 / 2048 / 4096:
-// 77.0 / 88.8 / 88.8 / 67.7 -> 83.8 / 94.1 / 92.1 / 91.7% of copy (16-bit rows: level or lower
-// with it). 0 leaves ptxas its default (an explicit 1 changes its register choices).
-constexpr int kMaskedThreadsPerSM = 768;
-__host__ __device__ constexpr int register_min_blocks(int group, bool masked, int cluster) {
+// least kMaskedForwardThreadsPerSM resident threads: 768 for 16-bit rows (85 registers a thread;
+// left alone they take up to 93), which they fit without spilling, and 1024 for fp32 rows (64
+// registers, 12-28 bytes of spills). Launcher timing, H200, session 14, [B, 16, L, L], fp32 768 ->
+// 1024: bool mask L = 1024 / 2048 / 4096 87.0 / 79.8 / 75.2 -> 94.3 / 88.1 / 86.5% of copy, with
+// dropout 75.8 / 72.4 / 69.9 -> 84.6 / 82.8 / 82.1, causal with dropout +1 to +6; 16-bit rows
+// mixed with 1024 (without dropout +1 to +2.7, with a bool mask and dropout -1.1 to +0.3). Plain
+// rows are left to ptxas: a full SM (32 registers) measured the same as its choice for 16
+// elements a thread and made 32 spill (H200, session 3). Masked cluster rows would spill and are
+// left free, as is the 16-bit masked backward; the fp32 masked backward takes a bound of
+// kMaskedBackwardThreadsPerSM (80 registers, no spills, where ptxas chose 92-102): H200, session
+// 9, launcher timing, masked [B, H, L, L] with dropout 0.1, L = 512 / 1024 / 2048 / 4096: 77.0 /
+// 88.8 / 88.8 / 67.7 -> 83.8 / 94.1 / 92.1 / 91.7% of copy (16-bit rows: level or lower with it;
+// 1024 threads cost it 2-6 points, session 14). 0 leaves ptxas its default (an explicit 1
+// changes its register choices).
+template <typename T> constexpr int kMaskedForwardThreadsPerSM = std::is_same<T, float>::value ? 1024 : 768;
+constexpr int kMaskedBackwardThreadsPerSM = 768;
+__host__ __device__ constexpr int register_min_blocks(int group, bool masked, int cluster, int threads_per_sm) {
   const int threads = block_threads(group);
-  return masked && cluster == 1 && threads < kMaskedThreadsPerSM ? kMaskedThreadsPerSM / threads : 0;
+  return masked && cluster == 1 && threads < threads_per_sm ? threads_per_sm / threads : 0;
 }
 
 // The columns of a register row a thread owns: vector i starts at column(i). Register rows are
@@ -906,7 +913,7 @@ __device__ __forceinline__ void prefetch_row_l2(const Args& a, const T* tensor, 
 
 // ROW_GRID: launched on row_grid's 3D grid (masked rows of one row a block), see RowCursor.
 template <typename T, int G, int ITEMS, int VEC, bool MASKED, int CLUSTER, bool PERSISTENT, bool ROW_GRID = false>
-__global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKED, CLUSTER))
+__global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKED, CLUSTER, kMaskedForwardThreadsPerSM<T>))
     register_forward_kernel(ForwardArgs<T> a) {
   using A = acc_t<T>;
   using Cursor = RowCursor<G, CLUSTER, ROW_GRID>;
@@ -1095,7 +1102,8 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
 }
 
 template <typename T, int G, int ITEMS, int VEC, bool MASKED, int CLUSTER, bool PERSISTENT, bool ROW_GRID = false>
-__global__ void __launch_bounds__(block_threads(G), sizeof(T) == 4 ? register_min_blocks(G, MASKED, CLUSTER) : 0)
+__global__ void __launch_bounds__(block_threads(G),
+                                  sizeof(T) == 4 ? register_min_blocks(G, MASKED, CLUSTER, kMaskedBackwardThreadsPerSM) : 0)
     register_backward_kernel(BackwardArgs<T> a) {
   using A = acc_t<T>;
   using Cursor = RowCursor<G, CLUSTER, ROW_GRID>;
