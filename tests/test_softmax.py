@@ -450,6 +450,22 @@ def test_masked_fully_masked_rows(dtype):
     assert not torch.isnan(out).any() and not torch.isnan(x.grad).any()
 
 
+def _check_dropout_against_reference(x, mask, scale, causal, p):
+    """masked_softmax with dropout p on x: output, lse and gradient against the float64 reference
+    replaying the recorded rng_state. Returns (out, dx, rng_state)."""
+    grad = torch.randn_like(x)
+    xg = x.clone().requires_grad_(True)
+    out, lse, rng_state = ops.masked_softmax_fwd(xg, mask, scale, causal, p, True)
+    (dx,) = torch.autograd.grad(out, xg, grad)
+    ref_out, ref_lse = reference.masked_softmax(x.double(), mask, scale, causal, p, rng_state)
+    ref_dx = reference.masked_softmax_backward(grad.double(), x.double(), mask, ref_lse, rng_state, scale, causal, p)
+    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}[x.dtype]
+    torch.testing.assert_close(out.double(), ref_out, atol=tol, rtol=tol)
+    torch.testing.assert_close(dx.double(), ref_dx, atol=tol, rtol=tol)
+    torch.testing.assert_close(lse.double(), ref_lse, atol=1e-4, rtol=1e-5)
+    return out, dx, rng_state
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype, lk", [(torch.float32, 1024), (torch.bfloat16, 2048)], ids=str)
 def test_masked_heads_sharing_mask_rows_past_the_l2(dtype, lk):
@@ -459,17 +475,7 @@ def test_masked_heads_sharing_mask_rows_past_the_l2(dtype, lk):
     x = torch.randn(2, 3, 4096, lk, dtype=dtype, device="cuda")
     mask = _keep_mask((2, 1, 4096, lk))
     _check_masked(x, mask, 0.6, True)
-    p = 0.25
-    grad = torch.randn_like(x)
-    xg = x.clone().requires_grad_(True)
-    out, lse, rng_state = ops.masked_softmax_fwd(xg, mask, 0.6, False, p, True)
-    (dx,) = torch.autograd.grad(out, xg, grad)
-    ref_out, ref_lse = reference.masked_softmax(x.double(), mask, 0.6, False, p, rng_state)
-    ref_dx = reference.masked_softmax_backward(grad.double(), x.double(), mask, ref_lse, rng_state, 0.6, False, p)
-    tol = {torch.float32: 1e-5, torch.bfloat16: 1e-2}[dtype]
-    torch.testing.assert_close(out.double(), ref_out, atol=tol, rtol=tol)
-    torch.testing.assert_close(dx.double(), ref_dx, atol=tol, rtol=tol)
-    torch.testing.assert_close(lse.double(), ref_lse, atol=1e-4, rtol=1e-5)
+    _check_dropout_against_reference(x, mask, 0.6, False, 0.25)
 
 
 @pytest.mark.gpu
@@ -530,18 +536,9 @@ def test_dropout_matches_reference(dtype, lk, p):
     the draws' top bit apart)."""
     x = torch.randn(2, 3, 5, lk, dtype=dtype, device="cuda")
     mask = torch.rand(2, 1, 5, lk, device="cuda") > 0.2
-    grad = torch.randn_like(x)
-    xg = x.clone().requires_grad_(True)
-    out, lse, rng_state = ops.masked_softmax_fwd(xg, mask, 0.5, True, p, True)
-    (dx,) = torch.autograd.grad(out, xg, grad)
-    ref_out, ref_lse = reference.masked_softmax(x.double(), mask, 0.5, True, p, rng_state)
-    ref_dx = reference.masked_softmax_backward(grad.double(), x.double(), mask, ref_lse, rng_state, 0.5, True, p)
+    out, dx, rng_state = _check_dropout_against_reference(x, mask, 0.5, True, p)
     keep = reference.dropout_keep_mask(x.shape, rng_state, p).cuda()
     assert (out[~keep] == 0).all() and (dx[~keep] != 0).any()
-    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}[dtype]
-    torch.testing.assert_close(out.double(), ref_out, atol=tol, rtol=tol)
-    torch.testing.assert_close(dx.double(), ref_dx, atol=tol, rtol=tol)
-    torch.testing.assert_close(lse.double(), ref_lse, atol=1e-4, rtol=1e-5)
 
 
 @pytest.mark.gpu
