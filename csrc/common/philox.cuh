@@ -9,10 +9,34 @@
 
 namespace fusedops {
 
+constexpr int kPhiloxRounds = 10;
+constexpr uint32_t kPhiloxWeyl0 = 0x9E3779B9u, kPhiloxWeyl1 = 0xBB67AE85u;
+
 struct PhiloxKey {
   uint64_t seed;
   uint64_t offset;
 };
+
+// A PhiloxKey with its round keys computed on the host, for a kernel parameter: the rounds read
+// each key word from the parameter bank as an operand of their xors. A key in registers costs
+// two adds a round (18 a block) wherever ptxas has no uniform registers to spare for the 20
+// words, as in the 16-bit masked softmax forwards (~2 instructions an element).
+struct PhiloxSchedule {
+  uint32_t key0[kPhiloxRounds];
+  uint32_t key1[kPhiloxRounds];
+  uint64_t offset;
+};
+
+inline PhiloxSchedule philox_schedule(const PhiloxKey& key) {
+  PhiloxSchedule s{};
+  uint32_t k0 = static_cast<uint32_t>(key.seed), k1 = static_cast<uint32_t>(key.seed >> 32);
+  for (int round = 0; round < kPhiloxRounds; ++round, k0 += kPhiloxWeyl0, k1 += kPhiloxWeyl1) {
+    s.key0[round] = k0;
+    s.key1[round] = k1;
+  }
+  s.offset = key.offset;
+  return s;
+}
 
 __device__ __forceinline__ PhiloxKey unpack_philox(const PhiloxArgs& a) {
   if (a.captured) {
@@ -41,6 +65,22 @@ __device__ __forceinline__ uint4 philox4x32_10(uint64_t group, PhiloxKey key) {
   return make_uint4(c0, c1, c2, c3);
 }
 
+__device__ __forceinline__ uint4 philox4x32_10(uint64_t group, const PhiloxSchedule& schedule) {
+  constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;
+  uint32_t c0 = static_cast<uint32_t>(group), c1 = static_cast<uint32_t>(group >> 32);
+  uint32_t c2 = static_cast<uint32_t>(schedule.offset), c3 = static_cast<uint32_t>(schedule.offset >> 32);
+#pragma unroll
+  for (int round = 0; round < 10; ++round) {
+    const uint32_t hi0 = __umulhi(kMul0, c0), lo0 = kMul0 * c0;
+    const uint32_t hi1 = __umulhi(kMul1, c2), lo1 = kMul1 * c2;
+    c0 = hi1 ^ c1 ^ schedule.key0[round];
+    c1 = lo1;
+    c2 = hi0 ^ c3 ^ schedule.key1[round];
+    c3 = lo0;
+  }
+  return make_uint4(c0, c1, c2, c3);
+}
+
 // Dropout draws 16 bits per element, eight elements per Philox block: half the generator work
 // of one 32-bit word per element (the bf16 dropout kernel was instruction-bound), with p
 // resolved to 1/65536.
@@ -64,8 +104,8 @@ inline uint32_t dropout_threshold(double p) {
 }
 
 // Draws the keep decisions of elements e0 .. e0 + VEC - 1 and calls f(j, keep) for each.
-template <int VEC, class F>
-__device__ __forceinline__ void for_each_keep(const PhiloxKey& key, uint32_t threshold, int64_t e0, F f) {
+template <int VEC, class Key, class F>
+__device__ __forceinline__ void for_each_keep(const Key& key, uint32_t threshold, int64_t e0, F f) {
   uint4 block = philox4x32_10(static_cast<uint64_t>(e0) / kDropoutDrawsPerBlock, key);
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {

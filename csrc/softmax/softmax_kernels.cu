@@ -420,12 +420,14 @@ template <typename T> struct MaskRow {
 };
 
 // The divisions that place a row in the mask, prepared on the host once per launch: the lead
-// dims of size > 1 (innermost first) with their mask strides, and q_len. Launches of fewer than
-// 2^31 rows divide by these (FastDivmod: 4 instructions where a runtime 32-bit division or
-// modulo costs ~20, per dim, row and thread); larger ones divide in 64 bits.
+// dims of size > 1 (innermost first) with their mask strides, then dims of size 1 and stride 0
+// (FastDivmod's default divides by 1), and q_len. Launches of fewer than 2^31 rows divide by
+// these (FastDivmod: 4 instructions where a runtime 32-bit division or modulo costs ~20, per dim,
+// row and thread); larger ones divide in 64 bits. Every row takes all kMaxLeadDims divisions,
+// without a branch: branching on the dims in use split the kernels' prologue into blocks that
+// ptxas schedules one by one, a dependent chain each.
 struct RowLocator {
   bool fast = false;
-  int dims = 0;
   FastDivmod sizes[kMaxLeadDims];
   int64_t strides[kMaxLeadDims] = {};
   FastDivmod q_len;
@@ -435,10 +437,11 @@ RowLocator row_locator(const MaskLayout& m, int64_t rows, int64_t q_len) {
   RowLocator r;
   r.fast = rows <= int64_t(INT32_MAX);  // every lead size and q_len divides into rows
   if (!r.fast) return r;
+  int dims = 0;
   for (int d = kMaxLeadDims - 1; d >= 0; --d) {
     if (m.lead_sizes[d] == 1) continue;  // padding dims and dims the input does not have
-    r.sizes[r.dims] = FastDivmod(static_cast<uint32_t>(m.lead_sizes[d]));
-    r.strides[r.dims++] = m.lead_strides[d];
+    r.sizes[dims] = FastDivmod(static_cast<uint32_t>(m.lead_sizes[d]));
+    r.strides[dims++] = m.lead_strides[d];
   }
   r.q_len = FastDivmod(static_cast<uint32_t>(q_len));
   return r;
@@ -468,11 +471,9 @@ __device__ __forceinline__ MaskRow<T> mask_row(const MaskLayout& m, const RowLoc
     uint32_t rest = static_cast<uint32_t>(row);
 #pragma unroll
     for (int d = 0; d < kMaxLeadDims; ++d) {
-      if (d < locator.dims) {
-        const uint32_t outer = locator.sizes[d].div(rest);
-        offset += static_cast<int64_t>(rest - outer * locator.sizes[d].divisor) * locator.strides[d];
-        rest = outer;
-      }
+      const uint32_t outer = locator.sizes[d].div(rest);
+      offset += static_cast<int64_t>(rest - outer * locator.sizes[d].divisor) * locator.strides[d];
+      rest = outer;
     }
     if (causal) query = locator.q_len.mod(static_cast<uint32_t>(row));
   } else {
@@ -496,8 +497,8 @@ template <int N> __device__ __forceinline__ uint32_t draws_kept(const uint32_t* 
 }
 
 // Bit j set when element e0 + j survives dropout (element index = linear index in the output).
-template <int VEC>
-__device__ __forceinline__ uint32_t keep_bits(const PhiloxKey& key, uint32_t threshold, int64_t e0) {
+template <int VEC, class Key>
+__device__ __forceinline__ uint32_t keep_bits(const Key& key, uint32_t threshold, int64_t e0) {
   constexpr int kRuns = kDropoutDrawsPerBlock / VEC;  // vectors per Philox block
   if constexpr (VEC > 1 && kRuns * VEC == kDropoutDrawsPerBlock) {
     if (e0 % VEC == 0) {
@@ -540,9 +541,10 @@ template <int VEC> struct PackedKeep {
 // The threshold of dropout_threshold as two SWAR compares of 16-bit draws need it: its low 15
 // bits in both half-words, and all ones where its top bit is set.
 struct HalfThreshold {
-  uint32_t low_pair;
-  uint32_t top;
-  __device__ explicit HalfThreshold(uint32_t threshold)
+  uint32_t low_pair = 0;
+  uint32_t top = 0;
+  HalfThreshold() = default;
+  __host__ __device__ explicit HalfThreshold(uint32_t threshold)
       : low_pair((threshold & 0x7fffu) * 0x10001u), top(threshold & 0x8000u ? ~0u : 0u) {}
 };
 
@@ -560,8 +562,8 @@ __device__ __forceinline__ uint32_t kept_halves(uint32_t draws, const HalfThresh
 }
 
 // The PackedKeep of a vector of 16-bit outputs that is Philox block `block` (register rows).
-template <int VEC>
-__device__ __forceinline__ PackedKeep<VEC> packed_keep(const PhiloxKey& key, const HalfThreshold& threshold,
+template <int VEC, class Key>
+__device__ __forceinline__ PackedKeep<VEC> packed_keep(const Key& key, const HalfThreshold& threshold,
                                                        uint64_t block) {
   static_assert(VEC == kDropoutDrawsPerBlock, "a vector of 16-bit outputs is one Philox block");
   const uint4 draws = philox4x32_10(block, key);
@@ -587,6 +589,8 @@ template <typename T> struct ForwardArgs {
   uint32_t threshold;
   acc_t<T> keep_scale;
   PhiloxArgs philox;
+  PhiloxSchedule schedule;  // philox's key outside graph capture
+  HalfThreshold half_threshold;  // threshold's, for 16-bit rows
 };
 
 // The backward reads two row tensors: `a` (y, or x for masked softmax) and dy.
@@ -606,6 +610,7 @@ template <typename T> struct BackwardArgs {
   bool causal, dropout;
   uint32_t threshold;
   acc_t<T> keep_scale;
+  HalfThreshold half_threshold;  // threshold's, for 16-bit rows
 };
 
 // What a forward row needs besides its data: the mask row and the dropout key.
@@ -726,7 +731,7 @@ template <typename T, bool MASKED> struct BackwardRow {
   template <int VEC>
   __device__ __forceinline__ auto register_keep(const BackwardArgs<T>& a, int64_t row, int64_t c0) const {
     if constexpr (sizeof(T) == 2) {
-      return packed_keep<VEC>(key, HalfThreshold(a.threshold),
+      return packed_keep<VEC>(key, a.half_threshold,
                               static_cast<uint64_t>(row * a.cols + c0) / kDropoutDrawsPerBlock);
     } else {
       return keep<VEC>(a, row, c0);
@@ -850,11 +855,11 @@ template <typename T, int ITEMS, int VEC> struct RowKeep {
   // cols % 8 == 0, uniform across the grid) the two lanes sharing each block draw it once, each
   // lane the blocks of every other vector, and swap the partner's half as bits (one shuffle that
   // every lane of the warp reaches), where a draw per vector generated every block twice.
-  template <int G, int CLUSTER, class Live>
-  __device__ __forceinline__ void draw(const PhiloxKey& key, uint32_t threshold, int64_t e0,
-                                       const RowSlice<G, ITEMS, VEC, CLUSTER>& slice, bool paired, Live live) {
+  template <int G, int CLUSTER, class Key, class Live>
+  __device__ __forceinline__ void draw(const Key& key, uint32_t threshold, const HalfThreshold& half_threshold,
+                                       int64_t e0, const RowSlice<G, ITEMS, VEC, CLUSTER>& slice, bool paired,
+                                       Live live) {
     if constexpr (kPacked) {
-      const HalfThreshold half_threshold(threshold);
       const uint64_t first_block = static_cast<uint64_t>(e0 + slice.column(0)) / kDropoutDrawsPerBlock;
 #pragma unroll
       for (int i = 0; i < ITEMS; ++i) {
@@ -979,18 +984,17 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
     // The dropout decisions of the thread's vectors, drawn while the loads are in flight: drawn
     // at the stores, the bf16 forward fell from 92 to 75-78% of copy without dropout and from 72
     // to 63 with it (L = 512-2048, H200, session 12, launcher timing). Hidden vectors store zeros
-    // anyway. Outside graph capture the key is a kernel parameter, in uniform registers, so
-    // Philox's round keys are operands of its xors; loaded (under capture) they take an add a
-    // round (+3 points of copy, bf16 with dropout).
+    // anyway. Outside graph capture the round keys are kernel parameters (a.schedule), operands
+    // of Philox's xors; loaded (under capture) they take two adds a round.
     RowKeep<T, ITEMS, VEC> keep;
     if constexpr (MASKED) {
       if (a.dropout) {
         const auto live = [&](int c0) { return valid && c0 < cols && !ctx.hidden_from(c0); };
         const bool paired = a.cols % kDropoutDrawsPerBlock == 0;
         if (a.philox.captured) {
-          keep.draw(unpack_philox(a.philox), a.threshold, row * a.cols, slice, paired, live);
+          keep.draw(unpack_philox(a.philox), a.threshold, a.half_threshold, row * a.cols, slice, paired, live);
         } else {
-          keep.draw(PhiloxKey{a.philox.seed, a.philox.offset}, a.threshold, row * a.cols, slice, paired, live);
+          keep.draw(a.schedule, a.threshold, a.half_threshold, row * a.cols, slice, paired, live);
         }
       }
     }
@@ -2255,6 +2259,7 @@ template <typename T, class Params, class Args> void masked_args(const Params& p
   args.dropout = p.dropout;
   // Without dropout every element is kept at scale 1 (kernels may apply these regardless).
   args.threshold = p.dropout ? dropout_threshold(p.p) : 0u;
+  args.half_threshold = HalfThreshold(args.threshold);
   args.keep_scale = static_cast<acc_t<T>>(p.dropout ? 1.0 / (1.0 - p.p) : 1.0);
 }
 
@@ -2287,6 +2292,7 @@ cudaError_t launch_masked_softmax_fwd(const MaskedSoftmaxParams& p, DType dtype,
     auto args = forward_args<T>(p.x, p.out, p.rows, p.cols, p.x_row_stride, p.scale, false);
     masked_args<T>(p, args);
     args.philox = p.philox;
+    if (!p.philox.captured) args.schedule = philox_schedule({p.philox.seed, p.philox.offset});
     // 16-bit register rows fold the scale into their exps, which needs a finite scale > 0; with
     // another scale every 16-bit masked row takes streamed rows (the plan has no separate switch
     // for register rows of one group).
