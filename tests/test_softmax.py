@@ -497,6 +497,10 @@ def test_masked_small_cases_sanitizer():
         _check_masked(x, torch.randn(1, 1, 1, 20000, dtype=dtype, device="cuda"), 1.0, False)
         y = fusedops.masked_softmax(x.requires_grad_(True), None, dropout_p=0.3)
         y.sum().backward()
+        # register rows with dropout, without and with the causal mask (DRAW_ALL kernels and not)
+        x = torch.randn(2, 3, 9, 1000, dtype=dtype, device="cuda")
+        for causal in (False, True):
+            _check_dropout_against_reference(x, _keep_mask((2, 1, 9, 1000)), 0.5, causal, 0.3)
 
 
 # ---- dropout -----------------------------------------------------------------------------------
@@ -527,16 +531,18 @@ def test_dropout_fraction_and_reproducibility(dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("lk", [7, 128, 132, 1024, 20000])
+@pytest.mark.parametrize("lk", [7, 128, 132, 1000, 1024, 20000])
 @pytest.mark.parametrize("p", [0.25, 0.75])
-def test_dropout_matches_reference(dtype, lk, p):
+@pytest.mark.parametrize("causal", [True, False])
+def test_dropout_matches_reference(dtype, lk, p, causal):
     """The kernel's keep mask is the Philox stream of the reference, bit for bit: streamed rows (7),
     register rows starting at whole Philox blocks or not (128, 132: fp32 lanes share blocks only
-    in the former), cluster rows (20000); thresholds below and above 2^15 (16-bit rows compare
-    the draws' top bit apart)."""
+    in the former) or ending in a part-filled vector (1000), cluster rows (20000); thresholds
+    below and above 2^15 (16-bit rows compare the draws' top bit apart); with the causal mask
+    (only visible vectors draw) and without (every vector draws, DRAW_ALL kernels)."""
     x = torch.randn(2, 3, 5, lk, dtype=dtype, device="cuda")
     mask = torch.rand(2, 1, 5, lk, device="cuda") > 0.2
-    out, dx, rng_state = _check_dropout_against_reference(x, mask, 0.5, True, p)
+    out, dx, rng_state = _check_dropout_against_reference(x, mask, 0.5, causal, p)
     keep = reference.dropout_keep_mask(x.shape, rng_state, p).cuda()
     assert (out[~keep] == 0).all() and (dx[~keep] != 0).any()
 

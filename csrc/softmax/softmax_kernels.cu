@@ -818,6 +818,23 @@ __host__ __device__ constexpr int register_min_blocks(int group, bool masked, in
   return masked && cluster == 1 && threads < threads_per_sm ? threads_per_sm / threads : 0;
 }
 
+// Masked register rows with dropout and without the causal mask (all of whose vectors are live,
+// but for a ragged last one) run kernels of their own (DRAW_ALL) that draw every vector's
+// dropout decisions with no branch between the draws: a branch around each vector's Philox block
+// left its ten rounds (IMAD.WIDE, LOP3) a dependent chain of their own, one vector after another,
+// where in one block ptxas interleaves the vectors' chains. Rows in the other kernels keep the
+// branches (causal rows draw only their visible vectors) and their SASS (cuobjdump: all 253
+// launcher kernels identical). The same draws in every kernel cost the rows without dropout 3-9
+// points of copy (registers and code). Launcher timing, H200, session 16, [B, 16, L, L] bool
+// mask, dropout 0.1, L = 512 / 1024 / 2048 / 4096, two runs each: bf16 forward 75.3-75.8 /
+// 75.4-75.5 / 72.4-72.5 / 74.1-74.2 -> 77.9-78.1 / 77.7-77.9 / 74.8-74.9 / 75.2-75.5% of copy,
+// fp32 forward 86.6 / 86.6 / 84.6-84.8 / 83.4-83.5 -> 89.1-89.3 / 88.1-88.4 / 86.6-86.8 /
+// 84.8-85.0; bf16 backward 80.1-80.6 / 79.5-79.6 / 78.7-79.0 / 78.9-79.0 -> 79.5-79.9 / 79.9-80.2
+// / 80.0-80.1 / 79.2-79.5. The fp32 backward draws vector by vector (see register_backward_kernel)
+// and keeps its kernels.
+template <typename T, bool MASKED, bool BACKWARD>
+constexpr bool kDrawAll = MASKED && (!BACKWARD || sizeof(T) == 2);
+
 // The columns of a register row a thread owns: vector i starts at column(i). Register rows are
 // at most kMaxCluster * 1024 * kForwardRegisterElems columns long, so 32 bits index them.
 template <int G, int ITEMS, int VEC, int CLUSTER> struct RowSlice {
@@ -849,13 +866,14 @@ template <typename T, int ITEMS, int VEC> struct RowKeep {
   }
 
   // Draws the decisions of a row whose first element is element e0 of the output, for the vectors
-  // whose first column c0 has live(c0); the others keep nothing (their outputs are 0 anyway). A
+  // whose first column c0 has live(c0); the others keep nothing (their outputs are 0 anyway), or
+  // with ALL for every vector, live or not, with no branch between them (see kDrawAll). A
   // vector's Philox counter is the row's first plus a constant a vector (register rows start at
   // whole blocks). An fp32 vector is half a block: where rows start at whole blocks (`paired`,
   // cols % 8 == 0, uniform across the grid) the two lanes sharing each block draw it once, each
   // lane the blocks of every other vector, and swap the partner's half as bits (one shuffle that
   // every lane of the warp reaches), where a draw per vector generated every block twice.
-  template <int G, int CLUSTER, class Key, class Live>
+  template <bool ALL, int G, int CLUSTER, class Key, class Live>
   __device__ __forceinline__ void draw(const Key& key, uint32_t threshold, const HalfThreshold& half_threshold,
                                        int64_t e0, const RowSlice<G, ITEMS, VEC, CLUSTER>& slice, bool paired,
                                        Live live) {
@@ -864,7 +882,7 @@ template <typename T, int ITEMS, int VEC> struct RowKeep {
 #pragma unroll
       for (int i = 0; i < ITEMS; ++i) {
         packed[i] = {};
-        if (live(slice.column(i))) packed[i] = packed_keep<VEC>(key, half_threshold, first_block + uint64_t(i) * G);
+        if (ALL || live(slice.column(i))) packed[i] = packed_keep<VEC>(key, half_threshold, first_block + uint64_t(i) * G);
       }
     } else {
       bits = 0;
@@ -877,7 +895,7 @@ template <typename T, int ITEMS, int VEC> struct RowKeep {
 #pragma unroll
           for (int j = 0; j < ITEMS / 2; ++j) {
             const int i = 2 * j + parity;
-            if (live(pair_column + i * G * VEC)) {
+            if (ALL || live(pair_column + i * G * VEC)) {
               const uint4 block = philox4x32_10(first_block + static_cast<uint64_t>(i) * (G / 2), key);
               const uint32_t first_words[2] = {block.x, block.y}, second_words[2] = {block.z, block.w};
               const uint32_t first = draws_kept<VEC>(first_words, threshold);
@@ -893,7 +911,7 @@ template <typename T, int ITEMS, int VEC> struct RowKeep {
 #pragma unroll
       for (int i = 0; i < ITEMS; ++i) {
         const int c0 = slice.column(i);
-        if (live(c0)) bits |= keep_bits<VEC>(key, threshold, e0 + c0) << (i * VEC);
+        if (ALL || live(c0)) bits |= keep_bits<VEC>(key, threshold, e0 + c0) << (i * VEC);
       }
     }
   }
@@ -917,7 +935,9 @@ __device__ __forceinline__ void prefetch_row_l2(const Args& a, const T* tensor, 
 }
 
 // ROW_GRID: launched on row_grid's 3D grid (masked rows of one row a block), see RowCursor.
-template <typename T, int G, int ITEMS, int VEC, bool MASKED, int CLUSTER, bool PERSISTENT, bool ROW_GRID = false>
+// DRAW_ALL: masked rows with dropout and without the causal mask (see kDrawAll).
+template <typename T, int G, int ITEMS, int VEC, bool MASKED, int CLUSTER, bool PERSISTENT, bool ROW_GRID = false,
+          bool DRAW_ALL = false>
 __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKED, CLUSTER, kMaskedForwardThreadsPerSM<T>))
     register_forward_kernel(ForwardArgs<T> a) {
   using A = acc_t<T>;
@@ -992,9 +1012,10 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
         const auto live = [&](int c0) { return valid && c0 < cols && !ctx.hidden_from(c0); };
         const bool paired = a.cols % kDropoutDrawsPerBlock == 0;
         if (a.philox.captured) {
-          keep.draw(unpack_philox(a.philox), a.threshold, a.half_threshold, row * a.cols, slice, paired, live);
+          keep.template draw<DRAW_ALL>(unpack_philox(a.philox), a.threshold, a.half_threshold, row * a.cols, slice,
+                                       paired, live);
         } else {
-          keep.draw(a.schedule, a.threshold, a.half_threshold, row * a.cols, slice, paired, live);
+          keep.template draw<DRAW_ALL>(a.schedule, a.threshold, a.half_threshold, row * a.cols, slice, paired, live);
         }
       }
     }
@@ -1105,10 +1126,13 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
   cluster_exit_barrier<CLUSTER>();
 }
 
-template <typename T, int G, int ITEMS, int VEC, bool MASKED, int CLUSTER, bool PERSISTENT, bool ROW_GRID = false>
+// DRAW_ALL: 16-bit masked rows with dropout and without the causal mask (see kDrawAll).
+template <typename T, int G, int ITEMS, int VEC, bool MASKED, int CLUSTER, bool PERSISTENT, bool ROW_GRID = false,
+          bool DRAW_ALL = false>
 __global__ void __launch_bounds__(block_threads(G),
                                   sizeof(T) == 4 ? register_min_blocks(G, MASKED, CLUSTER, kMaskedBackwardThreadsPerSM) : 0)
     register_backward_kernel(BackwardArgs<T> a) {
+  static_assert(!DRAW_ALL || sizeof(T) == 2, "DRAW_ALL backward rows are 16-bit rows (one Philox block a vector)");
   using A = acc_t<T>;
   using Cursor = RowCursor<G, CLUSTER, ROW_GRID>;
   using Vec = AlignedVector<T, VEC>;
@@ -1181,6 +1205,12 @@ __global__ void __launch_bounds__(block_threads(G),
     constexpr bool kBranchless = !MASKED && !kPrefetch;
     A y[ITEMS][VEC], g[ITEMS][VEC];
     A sum = 0;
+    // DRAW_ALL: every vector's dropout decisions first, with no branch between the draws.
+    PackedKeep<VEC> drawn[DRAW_ALL ? ITEMS : 1];
+    if constexpr (DRAW_ALL) {
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i) drawn[i] = ctx.template register_keep<VEC>(a, row, slice.column(i));
+    }
     // One body for rows with and without dropout (prepare draws the dropout decisions where
     // a.dropout, vector by vector): splitting it on a.dropout, as the forward does, cost 16-bit
     // rows 4-6 points of copy at L = 2048 (H200, session 10, launcher timing); drawing the row's
@@ -1195,7 +1225,13 @@ __global__ void __launch_bounds__(block_threads(G),
         continue;
       }
       ctx.template prepare<VEC, true>(a, c0, cur_a[i], cur_dy[i], bytes[i],
-                                      [&] { return ctx.template register_keep<VEC>(a, row, c0); }, y[i], g[i]);
+                                      [&] {
+                                        if constexpr (DRAW_ALL) {
+                                          return drawn[i];
+                                        } else {
+                                          return ctx.template register_keep<VEC>(a, row, c0);
+                                        }
+                                      }, y[i], g[i]);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) sum += ctx.partial(a, y[i][j], g[i][j]);
     }
@@ -2119,23 +2155,30 @@ template <typename T, bool MASKED, bool BACKWARD> struct RowLaunch {
   const Args& args;
   const Plan& plan;
   cudaStream_t stream;
-  template <int G, int ITEMS, int VEC, int CLUSTER, bool PERSISTENT, bool ROW_GRID = false>
+  template <int G, int ITEMS, int VEC, int CLUSTER, bool PERSISTENT, bool ROW_GRID = false, bool DRAW_ALL = false>
   static constexpr auto register_kernel() {
     if constexpr (BACKWARD) {
-      return register_backward_kernel<T, G, ITEMS, VEC, MASKED, CLUSTER, PERSISTENT, ROW_GRID>;
+      return register_backward_kernel<T, G, ITEMS, VEC, MASKED, CLUSTER, PERSISTENT, ROW_GRID, DRAW_ALL>;
     } else {
-      return register_forward_kernel<T, G, ITEMS, VEC, MASKED, CLUSTER, PERSISTENT, ROW_GRID>;
+      return register_forward_kernel<T, G, ITEMS, VEC, MASKED, CLUSTER, PERSISTENT, ROW_GRID, DRAW_ALL>;
     }
   }
   template <int G, int ITEMS, int VEC, bool PERSISTENT> cudaError_t register_rows() const {
+    if constexpr (kDrawAll<T, MASKED, BACKWARD> && !PERSISTENT) {
+      if (args.dropout && !args.causal) return register_rows_drawing<G, ITEMS, VEC, PERSISTENT, true>();
+    }
+    return register_rows_drawing<G, ITEMS, VEC, PERSISTENT, false>();
+  }
+  template <int G, int ITEMS, int VEC, bool PERSISTENT, bool DRAW_ALL> cudaError_t register_rows_drawing() const {
     // The row grid has kernels of its own, so that rows in row order run the same code without it.
     if constexpr (MASKED && !PERSISTENT && G > 32) {
       if (plan.row_grid.x != 0) {
-        register_kernel<G, ITEMS, VEC, 1, false, true>()<<<plan.row_grid, block_threads(G), 0, stream>>>(args);
+        register_kernel<G, ITEMS, VEC, 1, false, true, DRAW_ALL>()<<<plan.row_grid, block_threads(G), 0, stream>>>(args);
         return cudaGetLastError();
       }
     }
-    return launch_register_rows(register_kernel<G, ITEMS, VEC, 1, PERSISTENT>(), args, G, PERSISTENT, stream);
+    return launch_register_rows(register_kernel<G, ITEMS, VEC, 1, PERSISTENT, false, DRAW_ALL>(), args, G, PERSISTENT,
+                                stream);
   }
   template <int CLUSTER, int G, int ITEMS, int VEC> cudaError_t cluster_rows() const {
     if constexpr (MASKED) {
