@@ -58,12 +58,31 @@ def bench_ms(fn, warmup_ms=25.0, rep_ms=100.0, min_reps=5, max_reps=200):
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
-def copy_bandwidth_gbs(n_bytes=2**30):
-    """Device-to-device copy bandwidth (bytes read + written) in GB/s: the ceiling of this run."""
+def _copy_thunk(n_bytes):
+    """A device-to-device copy of n_bytes (random bytes, so no zero-page shortcut)."""
     src = torch.empty(n_bytes, dtype=torch.uint8, device="cuda").random_()
     dst = torch.empty_like(src)
-    ms = bench_ms(lambda: dst.copy_(src))
-    return 2 * n_bytes / ms / 1e6
+    return lambda: dst.copy_(src)
+
+
+def copy_bandwidth_gbs(n_bytes=2**30):
+    """Device-to-device copy bandwidth (bytes read + written) in GB/s: the ceiling of this run."""
+    return 2 * n_bytes / bench_ms(_copy_thunk(n_bytes)) / 1e6
+
+
+# The benchmarks' tensors move 64-512 MiB each way (2^26 bf16 elements: 128 MiB): at those sizes a
+# kernel's fixed costs (its start, its last wave's drain) weigh more than in the 1 GiB reference
+# copy, so the copy of the same bytes is timed too (H200, session 16: 94% of the reference at 128
+# MiB each way, 89% at 64 MiB).
+COPY_SIZES = (2**26, 2**27, 2**28, 2**29)
+
+
+def copy_table(report):
+    """The copy at each of COPY_SIZES, as a table of the report (its % of the reference copy)."""
+    for n_bytes in COPY_SIZES:
+        report.measure("device-to-device copy at the benchmarks' sizes", f"{n_bytes >> 20} MiB each way",
+                       {"copy": _copy_thunk(n_bytes)}, n_bytes=2 * n_bytes)
+        torch.cuda.empty_cache()
 
 
 def gbs(n_bytes, ms):

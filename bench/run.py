@@ -24,12 +24,13 @@ def main():
 
     import fusedops
 
-    from .common import Report, copy_bandwidth_gbs
+    from .common import Report, copy_bandwidth_gbs, copy_table
 
     print(f"device: {torch.cuda.get_device_name()}; fusedops build: {fusedops.build_info()}", file=sys.stderr)
     report = Report(copy_bandwidth_gbs())
     report.note = f"fusedops build: {fusedops.build_info()}; mode: {'quick' if args.quick else 'full'}"
     stem = args.stem or ("report_quick" if args.quick else "report")
+    copy_table(report)
     failed = []
     for family in args.families.split(","):
         try:
