@@ -73,7 +73,7 @@ def copy_bandwidth_gbs(n_bytes=2**30):
 # The benchmarks' tensors move 64-512 MiB each way (2^26 bf16 elements: 128 MiB): at those sizes a
 # kernel's fixed costs (its start, its last wave's drain) weigh more than in the 1 GiB reference
 # copy, so the copy of the same bytes is timed too (H200, session 16: 94% of the reference at 128
-# MiB each way, 89% at 64 MiB).
+# MiB each way, 86-89% at 64 MiB).
 COPY_SIZES = (2**26, 2**27, 2**28, 2**29)
 
 

@@ -537,9 +537,10 @@ def test_dropout_fraction_and_reproducibility(dtype):
 def test_dropout_matches_reference(dtype, lk, p, causal):
     """The kernel's keep mask is the Philox stream of the reference, bit for bit: streamed rows (7),
     register rows starting at whole Philox blocks or not (128, 132: fp32 lanes share blocks only
-    in the former) or ending in a part-filled vector (1000), cluster rows (20000); thresholds
-    below and above 2^15 (16-bit rows compare the draws' top bit apart); with the causal mask
-    (only visible vectors draw) and without (every vector draws, DRAW_ALL kernels)."""
+    in the former) or whose threads' last vectors lie past the row's end (1000), cluster rows
+    (20000); thresholds below and above 2^15 (16-bit rows compare the draws' top bit apart);
+    with the causal mask (only visible vectors draw) and without (every vector draws, DRAW_ALL
+    kernels)."""
     x = torch.randn(2, 3, 5, lk, dtype=dtype, device="cuda")
     mask = torch.rand(2, 1, 5, lk, device="cuda") > 0.2
     out, dx, rng_state = _check_dropout_against_reference(x, mask, 0.5, causal, p)
