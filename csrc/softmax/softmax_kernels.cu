@@ -818,8 +818,8 @@ __host__ __device__ constexpr int register_min_blocks(int group, bool masked, in
   return masked && cluster == 1 && threads < threads_per_sm ? threads_per_sm / threads : 0;
 }
 
-// Masked register rows with dropout and without the causal mask (all of whose vectors are live,
-// but for a ragged last one) run kernels of their own (DRAW_ALL) that draw every vector's
+// Masked register rows with dropout and without the causal mask (whose vectors are all live, but
+// for those past a ragged row's end) run kernels of their own (DRAW_ALL) that draw every vector's
 // dropout decisions with no branch between the draws: a branch around each vector's Philox block
 // left its ten rounds (IMAD.WIDE, LOP3) a dependent chain of their own, one vector after another,
 // where in one block ptxas interleaves the vectors' chains. Rows in the other kernels keep the
