@@ -73,6 +73,21 @@ constexpr int kAddFwdWideBlockMinChunks = 2048;
 // add_rms_norm at 2048 94.8 -> 96.5; at 8192 RMSNorm lost 3 and LayerNorm lost 2.5-9 at 1024-8192.
 constexpr int kRmsFwdOneRowNarrowMaxChunks = 512;
 constexpr int kFwdPrefetchChunks = 2;
+// Forward weight and bias are loaded after the row's reductions in runs of kFwdColumnRunChunks
+// chunks, each run's loads issued together before its outputs are computed, so a thread waits
+// for them once a run rather than once a chunk (ptxas keeps each chunk's loads behind its own
+// row-end branch): the block's tail, when it has no loads of x in flight, is that much shorter.
+// Launcher timing, H200, session 18, runs of 2 against 1 (bf16, training): RMSNorm 4096-32768
+// 89.8 / 89.1 / 87.6 / 86.4 -> 90.4 / 89.6 / 89.8 / 88.7% of copy, add_layer_norm 32768 87 ->
+// 91, add_rms_norm 32768 91 -> 93, LayerNorm 16384 / 32768 85.9 / 83.2 -> 87.2 / 84.0, the rest
+// level. Runs of 4-8 took 8-chunk kernels past 64 registers (RMSNorm 32768 -4). LayerNorm rows
+// without a residual that keep x - mean in fp32 (up to 32 elements a thread) take runs of
+// kLnFwdColumnRunChunks: with the bias as well, runs of 2 took them from 40-64 to 48-90
+// registers (-3 to -25 points). Loading weight and bias with the row, before the reductions (8
+// more registers in the 2-chunk kernels) lost 1-10; rows read with the evict-first hint
+// (ld.global.cs) lost 1-3, as in session 10.
+constexpr int kFwdColumnRunChunks = 2;
+constexpr int kLnFwdColumnRunChunks = 1;
 // One-row forward grid: the blocks that fit at once, each looping over rows (the per-thread setup
 // paid once, no block launches per row) vs one block per row group. One block per row group won
 // by 2-9 points of copy at N = 512-16384 (launcher timing, H200, session 4).
@@ -503,6 +518,23 @@ __device__ __forceinline__ void load_column_chunks(const void* ptr, A absent, co
   }
 }
 
+// This thread's chunks first_chunk ... first_chunk + RUN - 1 of a column vector (weight, bias), or
+// `absent` everywhere when ptr is null. A chunk past the row's end reads the row's last chunk
+// instead (an L1 hit, never used), so the loads need no select of zeros (registers).
+template <typename W, int VEC, int RUN, bool WARP_ROWS, typename A>
+__device__ __forceinline__ void load_column_run(const void* ptr, A absent, const RowGroup<WARP_ROWS>& group, int cols,
+                                                int first_chunk, Chunks<W, VEC, RUN>& c) {
+  if (ptr == nullptr) {
+    fill_chunks(absent, c);
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < RUN; ++k) {
+    const int col = min(((first_chunk + k) * group.size + group.lane) * VEC, cols - VEC);
+    c.v[k] = c.load(static_cast<const W*>(ptr) + col);
+  }
+}
+
 // Makes the compiler forget what it knows about c's registers (no instruction is emitted), so
 // values converted from c before this point are converted again after it instead of being kept
 // live across it: one conversion per element instead of VEC registers per chunk.
@@ -567,9 +599,8 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdPara
   const RowGroup<WARP_ROWS> group;
   const int cols = static_cast<int>(p.cols);
   const A inv_cols = A(1) / A(cols);
-  Chunks<W, VEC, 1> ones, zeros;
-  fill_chunks(A(1), ones);
-  fill_chunks(A(0), zeros);
+  constexpr int kRunChunks = RMS || ADD || kRecenterEachPass ? kFwdColumnRunChunks : kLnFwdColumnRunChunks;
+  constexpr int kRun = VPT < kRunChunks ? VPT : kRunChunks;
   RowWalk<WARP_ROWS> walk(group);
   Row next_x, next_residual;
   if constexpr (PREFETCH) load_fwd_row<ADD>(p, walk.row, walk.row < p.rows, group, cols, next_x, next_residual);
@@ -657,20 +688,26 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdPara
     if constexpr (kRecenterEachPass) forget_values(x);
     T* out_row = row_start(static_cast<T*>(p.out), row * p.cols);
 #pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      const int col = (k * group.size + group.lane) * VEC;
-      if (col >= cols) continue;
+    for (int run = 0; run < VPT; run += kRun) {
+      if ((run * group.size + group.lane) * VEC >= cols) continue;
       // Raw (W-typed) weight and bias, read per row (L1 hits): held across rows or converted they
       // would cost registers (occupancy) in every kernel that is not already limited by them.
-      const auto w = column_chunk<W, VEC>(p.weight, col, ones);
-      const auto b = column_chunk<W, VEC>(p.bias, col, zeros);
-      AlignedVector<T, VEC> out;
+      Chunks<W, VEC, kRun> weight, bias;
+      load_column_run<W>(p.weight, A(1), group, cols, run, weight);
+      load_column_run<W>(RMS ? nullptr : p.bias, A(0), group, cols, run, bias);
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const A c = kRecenterEachPass ? x.get(k, j) - mean : centered[k][j];
-        out.val[j] = from_acc<T>(c * rstd * w.get(0, j) + b.get(0, j));
+      for (int i = 0; i < kRun; ++i) {
+        const int k = run + i;
+        const int col = (k * group.size + group.lane) * VEC;
+        if (col >= cols) continue;
+        AlignedVector<T, VEC> out;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const A c = kRecenterEachPass ? x.get(k, j) - mean : centered[k][j];
+          out.val[j] = from_acc<T>(c * rstd * weight.get(i, j) + bias.get(i, j));
+        }
+        store_vector<T, VEC>(out_row + col, out);
       }
-      store_vector<T, VEC>(out_row + col, out);
     }
   }
 }
