@@ -694,7 +694,7 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdPara
       // would cost registers (occupancy) in every kernel that is not already limited by them.
       Chunks<W, VEC, kRun> weight, bias;
       load_column_run<W>(p.weight, A(1), group, cols, run, weight);
-      load_column_run<W>(RMS ? nullptr : p.bias, A(0), group, cols, run, bias);
+      load_column_run<W>(RMS ? nullptr : p.bias, A(0), group, cols, run, bias);  // RMSNorm has no bias
 #pragma unroll
       for (int i = 0; i < kRun; ++i) {
         const int k = run + i;
