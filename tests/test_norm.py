@@ -402,7 +402,7 @@ def test_gpu_register_variants_many_rows_per_block(kind, n, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gpu_layer_norm_bias_sums_from_dy(dtype, n, rows):
     """LayerNorm whose dweight and dbias column sums do not both fit in shared memory: dbias is
-    summed over dy's columns after the kernel (in segments past 512 rows, else in one pass)."""
+    summed over dy's columns after the kernel (in segments past 1024 rows, else in one pass)."""
     x = torch.randn(rows, n, device="cuda", dtype=dtype) * 2 + 0.5
     w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
     _check_norm("layer_norm", x, (n,), w, b)

@@ -85,7 +85,8 @@ constexpr int kFwdPrefetchChunks = 2;
 // kLnFwdColumnRunChunks: with the bias as well, runs of 2 took them from 40-64 to 48-90
 // registers (-3 to -25 points). Loading weight and bias with the row, before the reductions (8
 // more registers in the 2-chunk kernels) lost 1-10; rows read with the evict-first hint
-// (ld.global.cs) lost 1-3, as in session 10.
+// (ld.global.cs) lost 1-3, as in session 10. fp32 weights of 16-bit rows take runs of one (runs
+// of two spilled in the 1024-thread add_layer_norm rows).
 constexpr int kFwdColumnRunChunks = 2;
 constexpr int kLnFwdColumnRunChunks = 1;
 // One-row forward grid: the blocks that fit at once, each looping over rows (the per-thread setup
@@ -519,8 +520,9 @@ __device__ __forceinline__ void load_column_chunks(const void* ptr, A absent, co
 }
 
 // This thread's chunks first_chunk ... first_chunk + RUN - 1 of a column vector (weight, bias), or
-// `absent` everywhere when ptr is null. A chunk past the row's end reads the row's last chunk
-// instead (an L1 hit, never used), so the loads need no select of zeros (registers).
+// `absent` everywhere when ptr is null; the first is within the row (the caller skips runs that
+// are not). A later chunk past the row's end reads the row's last chunk instead (an L1 hit, never
+// used), so the loads need no select of zeros (registers).
 template <typename W, int VEC, int RUN, bool WARP_ROWS, typename A>
 __device__ __forceinline__ void load_column_run(const void* ptr, A absent, const RowGroup<WARP_ROWS>& group, int cols,
                                                 int first_chunk, Chunks<W, VEC, RUN>& c) {
@@ -530,8 +532,8 @@ __device__ __forceinline__ void load_column_run(const void* ptr, A absent, const
   }
 #pragma unroll
   for (int k = 0; k < RUN; ++k) {
-    const int col = min(((first_chunk + k) * group.size + group.lane) * VEC, cols - VEC);
-    c.v[k] = c.load(static_cast<const W*>(ptr) + col);
+    const int col = ((first_chunk + k) * group.size + group.lane) * VEC;
+    c.v[k] = c.load(static_cast<const W*>(ptr) + (k == 0 ? col : min(col, cols - VEC)));
   }
 }
 
@@ -599,7 +601,9 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdPara
   const RowGroup<WARP_ROWS> group;
   const int cols = static_cast<int>(p.cols);
   const A inv_cols = A(1) / A(cols);
-  constexpr int kRunChunks = RMS || ADD || kRecenterEachPass ? kFwdColumnRunChunks : kLnFwdColumnRunChunks;
+  constexpr int kRunChunks = sizeof(W) * VEC > 16                   ? 1
+                             : RMS || ADD || kRecenterEachPass ? kFwdColumnRunChunks
+                                                               : kLnFwdColumnRunChunks;
   constexpr int kRun = VPT < kRunChunks ? VPT : kRunChunks;
   RowWalk<WARP_ROWS> walk(group);
   Row next_x, next_residual;
@@ -1269,30 +1273,51 @@ __global__ void __launch_bounds__(kMaxThreads) norm_bwd_streaming_kernel(const N
   }
 }
 
-// Column sums of a segment of rows: out[segment * out_step + c] = sum over the rows b in
-// [segment * segment_rows, min(rows, (segment + 1) * segment_rows)) of input[b * row_stride + c],
-// segment = blockIdx.y; b in increasing order per thread, then a fixed tree: bitwise
-// reproducible. Block (32, 32) owns 32 columns: thread (tx, ty) sums rows first + ty, + 32, ...
-// of column tx (coalesced), then warp ty adds the 32 values of column ty read down the tile,
-// whose row padding puts them in distinct banks. out may be the input itself when each segment
-// writes into its own first row (read by this block only, before the barrier).
+// Up to two column sums of the same shape, one per blockIdx.z: input[z] [rows, cols] into out[z]
+// (selected, not indexed: an indexed parameter array goes through a stack copy).
+template <typename In, typename Out> struct ColumnSumPair {
+  const In* input[2];
+  Out* out[2];
+};
+
+// Waits until the grid this one depends on (launched with programmatic stream serialization)
+// has completed and its writes are visible; returns at once for a grid launched without it.
+__device__ __forceinline__ void wait_for_primary_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Column sums of a segment of rows: out[z][segment * out_step + c] = sum over the rows b in
+// [segment * segment_rows, min(rows, (segment + 1) * segment_rows)) of input[z][b * row_stride + c],
+// segment = blockIdx.y, z = blockIdx.z; b in increasing order per thread, then the lanes in
+// order: bitwise reproducible. Block (32, lanes) owns 32 columns: thread (tx, ty) sums rows
+// first + ty, + lanes, ... of column tx (coalesced), then thread (tx, 0) adds the lanes' sums.
+// out may be the input itself when each segment writes into its own first row (read by this
+// block only, before the barrier).
 template <typename In, typename Out>
-__global__ void __launch_bounds__(kMaxThreads) column_sum_kernel(const In* input, int64_t rows, int64_t row_stride,
-                                                                 int64_t segment_rows, int64_t cols, Out* out,
-                                                                 int64_t out_step) {
+__global__ void __launch_bounds__(kMaxThreads) column_sum_kernel(const ColumnSumPair<In, Out> io, int64_t rows,
+                                                                 int64_t row_stride, int64_t segment_rows,
+                                                                 int64_t cols, int64_t out_step) {
   using A = acc_t<In>;
-  __shared__ A tile[32][33];
-  const int tx = threadIdx.x, ty = threadIdx.y;
-  const int64_t col0 = int64_t(blockIdx.x) * 32;
+  __shared__ A lane_sums[32][32];
+  wait_for_primary_grid();
+  const int tx = threadIdx.x, ty = threadIdx.y, lanes = blockDim.y;
+  const int64_t col = int64_t(blockIdx.x) * 32 + tx;
   const int64_t first = int64_t(blockIdx.y) * segment_rows;
   const int64_t end = rows < first + segment_rows ? rows : first + segment_rows;
   A sum = 0;
-  if (col0 + tx < cols)
-    for (int64_t b = first + ty; b < end; b += 32) sum += to_acc(input[b * row_stride + col0 + tx]);
-  tile[ty][tx] = sum;
+  if (col < cols) {
+    const In* at = (blockIdx.z == 0 ? io.input[0] : io.input[1]) + (first + ty) * row_stride + col;
+#pragma unroll 8
+    for (int64_t b = first + ty; b < end; b += lanes, at += lanes * row_stride) sum += to_acc(*at);
+  }
+  lane_sums[ty][tx] = sum;
   __syncthreads();
-  const A column_total = warp_reduce(tile[tx][ty], SumOp{});
-  if (tx == 0 && col0 + ty < cols) out[int64_t(blockIdx.y) * out_step + col0 + ty] = from_acc<Out>(column_total);
+  if (ty == 0 && col < cols) {
+    for (int lane = 1; lane < lanes; ++lane) sum += lane_sums[lane][tx];
+    (blockIdx.z == 0 ? io.out[0] : io.out[1])[int64_t(blockIdx.y) * out_step + col] = from_acc<Out>(sum);
+  }
 }
 
 // ---- launch ------------------------------------------------------------------------------------
@@ -1569,28 +1594,56 @@ BwdPlan plan_bwd(const NormBwdParams& p) {
   return vectorized ? plan_bwd_with<T, W, RMS, kVec>(p) : plan_bwd_with<T, W, RMS, 1>(p);
 }
 
-// out = the column sums of input [rows, cols] (row stride in elements), in a fixed order. Past
-// two segments of segment_rows rows (short rows run many small blocks), the segments are summed
-// first, so that no thread walks hundreds of rows in sequence, into row s * scratch_step of
-// scratch for segment s (scratch may be the input itself with scratch_step = segment_rows: each
-// segment then writes its own first row), then the segment totals.
-template <typename In, typename A, typename W>
-cudaError_t column_sums(const In* input, int64_t rows, int64_t row_stride, int64_t cols, int64_t segment_rows,
-                        A* scratch, int64_t scratch_step, W* out, cudaStream_t stream) {
-  const unsigned column_blocks = static_cast<unsigned>((cols + 31) / 32);
-  const dim3 block(32, 32);
-  if (rows <= 2 * segment_rows) {
-    column_sum_kernel<In, W><<<column_blocks, block, 0, stream>>>(input, rows, row_stride, rows, cols, out, 0);
-    return cudaGetLastError();
-  }
+// One launch of column_sum_kernel over `tensors` inputs, grid (column tiles, segments), with
+// programmatic stream serialization on sm_90: the launch is processed while the backward kernel
+// before it drains, and the kernel waits for that kernel's writes (wait_for_primary_grid). Each
+// column takes the most row lanes (up to 32) that keep the grid within one wave of 2048 threads
+// an SM, and at least enough for 32 rows a lane: tiny blocks in several waves cost the sums more
+// than their loads do.
+template <typename In, typename Out>
+cudaError_t launch_column_sums(const ColumnSumPair<In, Out>& io, int tensors, int64_t rows, int64_t row_stride,
+                               int64_t segment_rows, int64_t cols, int64_t out_step, cudaStream_t stream) {
   const int64_t segments = (rows + segment_rows - 1) / segment_rows;
-  column_sum_kernel<In, A><<<dim3(column_blocks, static_cast<unsigned>(segments)), block, 0, stream>>>(
-      input, rows, row_stride, segment_rows, cols, scratch, scratch_step * cols);
-  const cudaError_t err = cudaGetLastError();
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>(segments), tensors);
+  const DeviceLimits device = device_limits();
+  const int64_t columns = (cols + 31) / 32 * 32 * tensors * segments;
+  int lanes = 1;
+  const int64_t wave_threads = int64_t(device.sms) * 2048;
+  while (lanes < 32 && lanes < segment_rows && (2 * lanes * columns <= wave_threads || segment_rows > 32 * lanes))
+    lanes *= 2;
+  config.blockDim = dim3(32, lanes);
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = device.major >= 9 ? 1 : 0;
+  const cudaError_t err = cudaLaunchKernelEx(&config, column_sum_kernel<In, Out>, io, rows, row_stride, segment_rows,
+                                             cols, out_step);
+  return err != cudaSuccess ? err : cudaGetLastError();
+}
+
+// Column sums of up to this many rows take one pass (at most 32 rows a thread).
+constexpr int64_t kColumnSumOnePassRows = 1024;
+
+// out[t] = the column sums of input[t] [rows, cols] (row stride in elements) for t < tensors, in a
+// fixed order, in one launch. Past kColumnSumOnePassRows rows and two segments of segment_rows
+// rows (short rows run many small blocks), the segments are summed first, so that no thread walks
+// hundreds of rows in sequence, into row s * scratch_step of scratch[t] for segment s (scratch may
+// be the input itself with scratch_step = segment_rows: each segment then writes its own first
+// row), then the segment totals.
+template <typename In, typename A, typename W>
+cudaError_t column_sums(const ColumnSumPair<In, W>& io, int tensors, int64_t rows, int64_t row_stride, int64_t cols,
+                        int64_t segment_rows, A* const (&scratch)[2], int64_t scratch_step, cudaStream_t stream) {
+  if (rows <= std::max(kColumnSumOnePassRows, 2 * segment_rows))
+    return launch_column_sums(io, tensors, rows, row_stride, rows, cols, 0, stream);
+  const int64_t segments = (rows + segment_rows - 1) / segment_rows;
+  const cudaError_t err = launch_column_sums(ColumnSumPair<In, A>{{io.input[0], io.input[1]}, {scratch[0], scratch[1]}},
+                                             tensors, rows, row_stride, segment_rows, cols, scratch_step * cols, stream);
   if (err != cudaSuccess) return err;
-  column_sum_kernel<A, W><<<column_blocks, block, 0, stream>>>(scratch, segments, scratch_step * cols, segments, cols,
-                                                               out, 0);
-  return cudaGetLastError();
+  return launch_column_sums(ColumnSumPair<A, W>{{scratch[0], scratch[1]}, {io.out[0], io.out[1]}}, tensors, segments,
+                            scratch_step * cols, segments, cols, 0, stream);
 }
 
 template <typename T, typename W, bool RMS>
@@ -1621,20 +1674,27 @@ cudaError_t launch_bwd(const NormBwdParams& p, cudaStream_t stream) {
     plan.kernel<<<static_cast<unsigned>(plan.blocks), plan.threads, plan.shared_bytes, stream>>>(kernel_params);
     err = cudaGetLastError();
   }
-  A* weight_partial = static_cast<A*>(p.weight_partial);
-  A* bias_partial = static_cast<A*>(p.bias_partial);
-  if (err == cudaSuccess && p.dweight != nullptr) {
-    err = column_sums(weight_partial, plan.blocks, p.cols, p.cols, kSegmentRows, weight_partial, kSegmentRows,
-                      static_cast<W*>(p.dweight), stream);
+  A* const partials[2] = {static_cast<A*>(p.weight_partial), static_cast<A*>(p.bias_partial)};
+  W* const sums[2] = {static_cast<W*>(p.dweight), static_cast<W*>(p.dbias)};
+  // The partial rows' column sums: dweight's and dbias's (unless dbias comes from dy) in one launch.
+  ColumnSumPair<A, W> from_partials{{nullptr, nullptr}, {nullptr, nullptr}};
+  int tensors = 0;
+  for (int t = 0; t < 2; ++t) {
+    if (sums[t] == nullptr || (t == 1 && plan.bias_from_dy)) continue;
+    from_partials.input[tensors] = partials[t];
+    from_partials.out[tensors] = sums[t];
+    ++tensors;
+  }
+  if (err == cudaSuccess && tensors > 0) {
+    A* const scratch[2] = {const_cast<A*>(from_partials.input[0]), const_cast<A*>(from_partials.input[1])};
+    err = column_sums(from_partials, tensors, plan.blocks, p.cols, p.cols, kSegmentRows, scratch, kSegmentRows, stream);
   }
   if (err == cudaSuccess && p.dbias != nullptr && plan.bias_from_dy) {
     // Segments of dy rows, at most one per partial row (the segment totals' scratch).
     const int64_t segment_rows = std::max(kSegmentRows, (p.rows + plan.blocks - 1) / plan.blocks);
-    err = column_sums(static_cast<const T*>(p.dy), p.rows, p.dy_row_stride, p.cols, segment_rows, bias_partial, 1,
-                      static_cast<W*>(p.dbias), stream);
-  } else if (err == cudaSuccess && p.dbias != nullptr) {
-    err = column_sums(bias_partial, plan.blocks, p.cols, p.cols, kSegmentRows, bias_partial, kSegmentRows,
-                      static_cast<W*>(p.dbias), stream);
+    A* const scratch[2] = {partials[1], nullptr};
+    err = column_sums(ColumnSumPair<T, W>{{static_cast<const T*>(p.dy), nullptr}, {sums[1], nullptr}}, 1, p.rows,
+                      p.dy_row_stride, p.cols, segment_rows, scratch, 1, stream);
   }
   return err;
 }
