@@ -1628,11 +1628,11 @@ cudaError_t launch_column_sums(const ColumnSumPair<In, Out>& io, int tensors, in
 constexpr int64_t kColumnSumOnePassRows = 1024;
 
 // out[t] = the column sums of input[t] [rows, cols] (row stride in elements) for t < tensors, in a
-// fixed order, in one launch. Past kColumnSumOnePassRows rows and two segments of segment_rows
-// rows (short rows run many small blocks), the segments are summed first, so that no thread walks
-// hundreds of rows in sequence, into row s * scratch_step of scratch[t] for segment s (scratch may
-// be the input itself with scratch_step = segment_rows: each segment then writes its own first
-// row), then the segment totals.
+// fixed order, every tensor in the same launches. Past kColumnSumOnePassRows rows and two
+// segments of segment_rows rows (short rows run many small blocks), the segments are summed
+// first, so that no thread walks hundreds of rows in sequence, into row s * scratch_step of
+// scratch[t] for segment s (scratch may be the input itself with scratch_step = segment_rows:
+// each segment then writes its own first row), then the segment totals.
 template <typename In, typename A, typename W>
 cudaError_t column_sums(const ColumnSumPair<In, W>& io, int tensors, int64_t rows, int64_t row_stride, int64_t cols,
                         int64_t segment_rows, A* const (&scratch)[2], int64_t scratch_step, cudaStream_t stream) {
@@ -1676,18 +1676,19 @@ cudaError_t launch_bwd(const NormBwdParams& p, cudaStream_t stream) {
   }
   A* const partials[2] = {static_cast<A*>(p.weight_partial), static_cast<A*>(p.bias_partial)};
   W* const sums[2] = {static_cast<W*>(p.dweight), static_cast<W*>(p.dbias)};
-  // The partial rows' column sums: dweight's and dbias's (unless dbias comes from dy) in one launch.
-  ColumnSumPair<A, W> from_partials{{nullptr, nullptr}, {nullptr, nullptr}};
+  // The partial rows' column sums: dweight's and dbias's (unless dbias comes from dy) together.
+  A* inputs[2] = {nullptr, nullptr};
+  W* outputs[2] = {nullptr, nullptr};
   int tensors = 0;
   for (int t = 0; t < 2; ++t) {
     if (sums[t] == nullptr || (t == 1 && plan.bias_from_dy)) continue;
-    from_partials.input[tensors] = partials[t];
-    from_partials.out[tensors] = sums[t];
+    inputs[tensors] = partials[t];
+    outputs[tensors] = sums[t];
     ++tensors;
   }
   if (err == cudaSuccess && tensors > 0) {
-    A* const scratch[2] = {const_cast<A*>(from_partials.input[0]), const_cast<A*>(from_partials.input[1])};
-    err = column_sums(from_partials, tensors, plan.blocks, p.cols, p.cols, kSegmentRows, scratch, kSegmentRows, stream);
+    err = column_sums(ColumnSumPair<A, W>{{inputs[0], inputs[1]}, {outputs[0], outputs[1]}}, tensors, plan.blocks,
+                      p.cols, p.cols, kSegmentRows, inputs, kSegmentRows, stream);
   }
   if (err == cudaSuccess && p.dbias != nullptr && plan.bias_from_dy) {
     // Segments of dy rows, at most one per partial row (the segment totals' scratch).
