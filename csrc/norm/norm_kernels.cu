@@ -1489,6 +1489,7 @@ struct BwdPlan {
   int64_t blocks;
   int shared_bytes;
   bool bias_from_dy;  // dbias summed over dy's columns after the kernel, not by it
+  DeviceLimits device;
 };
 
 // Staged rows on sm_90 past k{Ln,Rms}BwdStagedMinChunks (16-byte rows whose slices fit; see
@@ -1505,6 +1506,7 @@ BwdPlan plan_bwd_with(const NormBwdParams& p) {
   const DeviceLimits device = device_limits();
   const int64_t chunks = (p.cols + VEC - 1) / VEC;
   BwdPlan plan;
+  plan.device = device;
   plan.shared_bytes = 0;
   plan.bias_from_dy = false;
   plan.staged_kernel = nullptr;
@@ -1602,18 +1604,19 @@ BwdPlan plan_bwd(const NormBwdParams& p) {
 // than their loads do.
 template <typename In, typename Out>
 cudaError_t launch_column_sums(const ColumnSumPair<In, Out>& io, int tensors, int64_t rows, int64_t row_stride,
-                               int64_t segment_rows, int64_t cols, int64_t out_step, cudaStream_t stream) {
+                               int64_t segment_rows, int64_t cols, int64_t out_step, const DeviceLimits& device,
+                               cudaStream_t stream) {
   const int64_t segments = (rows + segment_rows - 1) / segment_rows;
   cudaLaunchAttribute attribute = {};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>(segments), tensors);
-  const DeviceLimits device = device_limits();
-  const int64_t columns = (cols + 31) / 32 * 32 * tensors * segments;
-  int lanes = 1;
+  const int64_t threads_per_lane = (cols + 31) / 32 * 32 * tensors * segments;
   const int64_t wave_threads = int64_t(device.sms) * 2048;
-  while (lanes < 32 && lanes < segment_rows && (2 * lanes * columns <= wave_threads || segment_rows > 32 * lanes))
+  int lanes = 1;
+  while (lanes < 32 && lanes < segment_rows &&
+         (2 * lanes * threads_per_lane <= wave_threads || segment_rows > 32 * lanes))
     lanes *= 2;
   config.blockDim = dim3(32, lanes);
   config.stream = stream;
@@ -1635,15 +1638,17 @@ constexpr int64_t kColumnSumOnePassRows = 1024;
 // each segment then writes its own first row), then the segment totals.
 template <typename In, typename A, typename W>
 cudaError_t column_sums(const ColumnSumPair<In, W>& io, int tensors, int64_t rows, int64_t row_stride, int64_t cols,
-                        int64_t segment_rows, A* const (&scratch)[2], int64_t scratch_step, cudaStream_t stream) {
+                        int64_t segment_rows, A* const (&scratch)[2], int64_t scratch_step, const DeviceLimits& device,
+                        cudaStream_t stream) {
   if (rows <= std::max(kColumnSumOnePassRows, 2 * segment_rows))
-    return launch_column_sums(io, tensors, rows, row_stride, rows, cols, 0, stream);
+    return launch_column_sums(io, tensors, rows, row_stride, rows, cols, 0, device, stream);
   const int64_t segments = (rows + segment_rows - 1) / segment_rows;
   const cudaError_t err = launch_column_sums(ColumnSumPair<In, A>{{io.input[0], io.input[1]}, {scratch[0], scratch[1]}},
-                                             tensors, rows, row_stride, segment_rows, cols, scratch_step * cols, stream);
+                                             tensors, rows, row_stride, segment_rows, cols, scratch_step * cols, device,
+                                             stream);
   if (err != cudaSuccess) return err;
   return launch_column_sums(ColumnSumPair<A, W>{{scratch[0], scratch[1]}, {io.out[0], io.out[1]}}, tensors, segments,
-                            scratch_step * cols, segments, cols, 0, stream);
+                            scratch_step * cols, segments, cols, 0, device, stream);
 }
 
 template <typename T, typename W, bool RMS>
@@ -1688,14 +1693,14 @@ cudaError_t launch_bwd(const NormBwdParams& p, cudaStream_t stream) {
   }
   if (err == cudaSuccess && tensors > 0) {
     err = column_sums(ColumnSumPair<A, W>{{inputs[0], inputs[1]}, {outputs[0], outputs[1]}}, tensors, plan.blocks,
-                      p.cols, p.cols, kSegmentRows, inputs, kSegmentRows, stream);
+                      p.cols, p.cols, kSegmentRows, inputs, kSegmentRows, plan.device, stream);
   }
   if (err == cudaSuccess && p.dbias != nullptr && plan.bias_from_dy) {
     // Segments of dy rows, at most one per partial row (the segment totals' scratch).
     const int64_t segment_rows = std::max(kSegmentRows, (p.rows + plan.blocks - 1) / plan.blocks);
     A* const scratch[2] = {partials[1], nullptr};
     err = column_sums(ColumnSumPair<T, W>{{static_cast<const T*>(p.dy), nullptr}, {sums[1], nullptr}}, 1, p.rows,
-                      p.dy_row_stride, p.cols, segment_rows, scratch, 1, stream);
+                      p.dy_row_stride, p.cols, segment_rows, scratch, 1, plan.device, stream);
   }
   return err;
 }
