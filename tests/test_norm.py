@@ -439,6 +439,19 @@ def test_gpu_pipelined_rows_small(kind, n, rows):
 
 @gpu
 @sanitizer
+@pytest.mark.parametrize("n", [4104, 8200, 16376])
+@pytest.mark.parametrize("weight_dtype", [None, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_rms_norm_two_pass_rows(dtype, weight_dtype, n):
+    """RMSNorm rows of 513, 1025 and 2047 chunks (the two-pass forward): 2 and 4 chunks a thread,
+    threads past the row's end, a weight in the input dtype or fp32."""
+    x = torch.randn(40, n, device="cuda", dtype=dtype) * 3 - 1
+    w = torch.randn(n, device="cuda", dtype=weight_dtype or dtype)
+    _check_norm("rms_norm", x, (n,), w)
+
+
+@gpu
+@sanitizer
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
 def test_gpu_streaming_small(kind):
     n = 40000  # past the register capacity of both directions

@@ -37,6 +37,45 @@ __device__ __forceinline__ void store_vector(T* ptr, const AlignedVector<T, N>& 
   *reinterpret_cast<AlignedVector<T, N>*>(ptr) = v;
 }
 
+// L2 eviction priority of a load's lines (sm_80+ cache hints): rows a kernel reads twice are
+// loaded first with kEvictLast, so that they stay in L2 for the second read against the stream of
+// other rows, and then with kEvictFirst, so that their lines go first once read.
+enum class L2Hint { kEvictLast, kEvictFirst };
+
+// The L2 cache policy of HINT for every line of a load (a register operand of the hinted loads).
+template <L2Hint HINT> __device__ __forceinline__ uint64_t l2_policy() {
+  uint64_t policy = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (HINT == L2Hint::kEvictLast) {
+    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  } else {
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  }
+#endif
+  return policy;
+}
+
+// A 16-byte load of read-only global memory under `policy` (l2_policy<HINT>()); a plain load
+// before sm_80.
+template <L2Hint HINT> __device__ __forceinline__ uint4 load_hinted(const void* ptr, uint64_t policy) {
+  uint4 v;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (HINT == L2Hint::kEvictLast) {
+    asm("ld.global.L1::evict_last.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(ptr), "l"(policy));
+  } else {
+    asm("ld.global.L1::evict_first.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(ptr), "l"(policy));
+  }
+#else
+  (void)policy;
+  v = *static_cast<const uint4*>(ptr);
+#endif
+  return v;
+}
+
 inline bool is_aligned(const void* ptr, int bytes) {
   return reinterpret_cast<std::uintptr_t>(ptr) % bytes == 0;
 }

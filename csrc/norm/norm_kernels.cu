@@ -93,6 +93,14 @@ constexpr int kLnFwdColumnRunChunks = 1;
 // paid once, no block launches per row) vs one block per row group. One block per row group won
 // by 2-9 points of copy at N = 512-16384 (launcher timing, H200, session 4).
 constexpr bool kFwdResidentGrid = false;
+// RMSNorm rows (16-bit, 16-byte vectors, no residual) of kRmsFwdTwoPassMinChunks to
+// kRmsFwdTwoPassMaxChunks chunks take the two-pass forward (rms_norm_fwd_two_pass_kernel) in
+// blocks of up to kRmsFwdTwoPassThreads threads, each loading the fewest chunks (2 or 4) that
+// cover the row in one run: launcher timing, H200, session 20, N = 4096 / 8192 at 2 chunks a
+// thread 93.4 / 93.1% of copy, at 4 92.7 / 92.4; N = 16384 in one run of 4 91.9, in two of 2 90.3.
+constexpr int kRmsFwdTwoPassMinChunks = 512;
+constexpr int kRmsFwdTwoPassMaxChunks = 2048;
+constexpr int kRmsFwdTwoPassThreads = 512;
 // Backward block rows up to this many chunks (LayerNorm / RMSNorm; at most 1024) run one chunk a
 // thread with the column sums in registers (no shared-memory traffic); longer ones the shared-sums
 // kernel (several chunks a thread, column sums in shared memory: more bytes in flight per SM).
@@ -710,6 +718,72 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdPara
           const A c = kRecenterEachPass ? x.get(k, j) - mean : centered[k][j];
           out.val[j] = from_acc<T>(c * rstd * weight.get(i, j) + bias.get(i, j));
         }
+        store_vector<T, VEC>(out_row + col, out);
+      }
+    }
+  }
+}
+
+// RMSNorm forward in two passes over each row (16-bit rows of 16-byte vectors, no residual): the
+// first reads the row from HBM asking L2 to keep it (kEvictLast) for its sum of squares, the
+// second re-reads it from L2 (kEvictFirst) for the output. A thread holds UNROLL chunks at a time
+// (40 registers, three 512-thread blocks an SM) instead of its share of the row plus the weight
+// across the reductions, so more rows per SM keep loads in flight. torch.compile's RMSNorm
+// forward has this shape (94% of copy at N = 8192, H200). Launcher timing, H200, session 20
+// (bf16, % of copy, register rows -> two passes): N = 4096 / 8192 / 16384 91.1 / 89.1 / 89.7 ->
+// 93.4 / 93.1 / 91.9; at 32768 88.5 -> 86.7 (1024-thread blocks or more chunks a thread: 67-84),
+// so 32768 keeps the one-row kernel. LayerNorm in two passes (shifted sums in the first, the
+// threads' moments merged) took 59-64 registers and lost 2-9 points at 4096-32768.
+template <typename T, typename W, int VEC, int UNROLL>
+__global__ void __launch_bounds__(kRmsFwdTwoPassThreads) rms_norm_fwd_two_pass_kernel(const NormFwdParams p) {
+  using A = acc_t<T>;
+  using Row = Chunks<T, VEC, UNROLL>;
+  static_assert(sizeof(typename Row::Chunk) == 16, "16-byte chunks");
+  __shared__ A scratch[32];
+  const RowGroup<false> group;
+  const int cols = static_cast<int>(p.cols);
+  const A inv_cols = A(1) / A(cols);
+  const int stride = group.size * VEC;  // columns between a thread's consecutive chunks
+  const int first_col = group.lane * VEC;
+  // This thread's UNROLL chunks from column `base` on (zeros past the row's end).
+  const auto load_run = [&](const T* row_ptr, int base, auto hint, uint64_t policy, Row& c) {
+#pragma unroll
+    for (int k = 0; k < UNROLL; ++k) {
+      const int col = base + k * stride;
+      const uint4 v = col < cols ? load_hinted<decltype(hint)::value>(row_ptr + col, policy) : uint4{};
+      memcpy(&c.v[k], &v, sizeof(v));
+    }
+  };
+  using Keep = std::integral_constant<L2Hint, L2Hint::kEvictLast>;
+  using Drop = std::integral_constant<L2Hint, L2Hint::kEvictFirst>;
+  const uint64_t keep = l2_policy<L2Hint::kEvictLast>(), drop = l2_policy<L2Hint::kEvictFirst>();
+  Chunks<W, VEC, 1> ones;  // an absent weight
+  fill_chunks(A(1), ones);
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    const T* x_row = row_start(static_cast<const T*>(p.x), row * p.x_row_stride);
+    A squares = 0;  // zeros past the row's end add nothing
+    for (int base = first_col; base < cols; base += UNROLL * stride) {
+      Row x;
+      load_run(x_row, base, Keep{}, keep, x);
+#pragma unroll
+      for (int k = 0; k < UNROLL; ++k)
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) squares += x.get(k, j) * x.get(k, j);
+    }
+    const A rstd = inv_sqrt(group.sum(squares, scratch) * inv_cols + A(p.eps));
+    if (group.lane == 0) store_stats(p, row, A(0), rstd, true);
+    T* out_row = row_start(static_cast<T*>(p.out), row * p.cols);
+    for (int base = first_col; base < cols; base += UNROLL * stride) {
+      Row x;
+      load_run(x_row, base, Drop{}, drop, x);
+#pragma unroll
+      for (int k = 0; k < UNROLL; ++k) {
+        const int col = base + k * stride;
+        if (col >= cols) continue;
+        const Chunks<W, VEC, 1> weight = column_chunk<W, VEC>(p.weight, col, ones);
+        AlignedVector<T, VEC> out;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) out.val[j] = from_acc<T>(x.get(k, j) * rstd * weight.get(0, j));
         store_vector<T, VEC>(out_row + col, out);
       }
     }
@@ -1429,6 +1503,18 @@ cudaError_t launch_fwd_with(const NormFwdParams& p, cudaStream_t stream) {
   constexpr bool kWarpPrefetch = kFwdWarpRowsPrefetch;
   const int64_t chunks = (p.cols + VEC - 1) / VEC;
   FwdLaunch launch;
+  if constexpr (RMS && !ADD && sizeof(T) == 2 && VEC * sizeof(T) == 16) {
+    if (chunks >= kRmsFwdTwoPassMinChunks && chunks <= kRmsFwdTwoPassMaxChunks) {
+      const bool pairs = chunks <= 2 * kRmsFwdTwoPassThreads;
+      const int64_t per_thread = pairs ? 2 : 4;
+      const int threads = static_cast<int>(
+          std::min<int64_t>(kRmsFwdTwoPassThreads, (chunks + per_thread - 1) / per_thread + 31) / 32 * 32);
+      const FwdKernel kernel =
+          pairs ? rms_norm_fwd_two_pass_kernel<T, W, VEC, 2> : rms_norm_fwd_two_pass_kernel<T, W, VEC, 4>;
+      kernel<<<static_cast<unsigned>(std::min<int64_t>(p.rows, int64_t(1) << 30)), threads, 0, stream>>>(p);
+      return cudaGetLastError();
+    }
+  }
   if (chunks <= 32) {
     launch = {norm_fwd_kernel<T, W, RMS, ADD, true, VEC, 1, kWarpPrefetch, kWarpRowsThreads>, kWarpRowsThreads,
               kWarpRowsGroups, kWarpPrefetch || kFwdResidentGrid};
