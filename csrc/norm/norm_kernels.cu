@@ -1507,8 +1507,7 @@ cudaError_t launch_fwd_with(const NormFwdParams& p, cudaStream_t stream) {
     if (chunks >= kRmsFwdTwoPassMinChunks && chunks <= kRmsFwdTwoPassMaxChunks) {
       const bool pairs = chunks <= 2 * kRmsFwdTwoPassThreads;
       const int64_t per_thread = pairs ? 2 : 4;
-      const int threads = static_cast<int>(
-          std::min<int64_t>(kRmsFwdTwoPassThreads, (chunks + per_thread - 1) / per_thread + 31) / 32 * 32);
+      const int threads = std::min(kRmsFwdTwoPassThreads, threads_for((chunks + per_thread - 1) / per_thread));
       const FwdKernel kernel =
           pairs ? rms_norm_fwd_two_pass_kernel<T, W, VEC, 2> : rms_norm_fwd_two_pass_kernel<T, W, VEC, 4>;
       kernel<<<static_cast<unsigned>(std::min<int64_t>(p.rows, int64_t(1) << 30)), threads, 0, stream>>>(p);
