@@ -733,7 +733,9 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdPara
 // (bf16, % of copy, register rows -> two passes): N = 4096 / 8192 / 16384 91.1 / 89.1 / 89.7 ->
 // 93.4 / 93.1 / 91.9; at 32768 88.5 -> 86.7 (1024-thread blocks or more chunks a thread: 67-84),
 // so 32768 keeps the one-row kernel. LayerNorm in two passes (shifted sums in the first, the
-// threads' moments merged) took 59-64 registers and lost 2-9 points at 4096-32768.
+// threads' moments merged) took 59-64 registers and lost 2-9 points at 4096-32768; with the
+// moments in two block reductions instead (40 registers) it lost 4-15, issue-bound (session 21,
+// docs/norm.md).
 template <typename T, typename W, int VEC, int UNROLL>
 __global__ void __launch_bounds__(kRmsFwdTwoPassThreads) rms_norm_fwd_two_pass_kernel(const NormFwdParams p) {
   using A = acc_t<T>;
