@@ -55,8 +55,9 @@ namespace cg = cooperative_groups;
 // Block size when a row takes at most one warp. One warp a block (torch.compile's softmax shape
 // at N = 1024) against four: launcher timing, H200, session 21, bf16 forward N = 128 / 1024 94.4
 // / 94.1 -> 95.5 / 96.7% of copy, fp32 forward N = 128 96.3 -> 98.2, the masked forwards and
-// every backward level (within 0.6) or up to 1.1 higher; 32 blocks an SM then cap the resident
-// threads at 1024, which these rows' registers (64-85 a thread) reach anyway.
+// every backward level (within 0.6) or up to 1.1 higher. 32 blocks an SM then cap the resident
+// threads at 1024 (the 16-bit forwards' registers cap them there anyway; the rest were level or
+// faster under the cap).
 constexpr int kSmallGroupBlock = 32;
 // Elements of a row one thread keeps in registers (per tensor).
 constexpr int kRegisterElems = 16;
