@@ -42,32 +42,36 @@ __device__ __forceinline__ void store_vector(T* ptr, const AlignedVector<T, N>& 
 // other rows, and then with kEvictFirst, so that their lines go first once read.
 enum class L2Hint { kEvictLast, kEvictFirst };
 
-// The L2 cache policy of HINT for every line of a load (a register operand of the hinted loads).
-template <L2Hint HINT> __device__ __forceinline__ uint64_t l2_policy() {
-  uint64_t policy = 0;
+// The L2 cache policy of HINT for every line of a load: a register operand of the hinted loads,
+// created once and reused by every load under it.
+template <L2Hint HINT> struct L2Policy {
+  uint64_t value;
+};
+
+template <L2Hint HINT> __device__ __forceinline__ L2Policy<HINT> l2_policy() {
+  L2Policy<HINT> policy{0};
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if constexpr (HINT == L2Hint::kEvictLast) {
-    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy.value));
   } else {
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy.value));
   }
 #endif
   return policy;
 }
 
-// A 16-byte load of read-only global memory under `policy` (l2_policy<HINT>()); a plain load
-// before sm_80.
-template <L2Hint HINT> __device__ __forceinline__ uint4 load_hinted(const void* ptr, uint64_t policy) {
+// A 16-byte load of read-only global memory under `policy`; a plain load before sm_80.
+template <L2Hint HINT> __device__ __forceinline__ uint4 load_hinted(const void* ptr, L2Policy<HINT> policy) {
   uint4 v;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if constexpr (HINT == L2Hint::kEvictLast) {
     asm("ld.global.L1::evict_last.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(ptr), "l"(policy));
+        : "l"(ptr), "l"(policy.value));
   } else {
     asm("ld.global.L1::evict_first.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(ptr), "l"(policy));
+        : "l"(ptr), "l"(policy.value));
   }
 #else
   (void)policy;

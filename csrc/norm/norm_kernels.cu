@@ -748,17 +748,16 @@ __global__ void __launch_bounds__(kRmsFwdTwoPassThreads) rms_norm_fwd_two_pass_k
   const int stride = group.size * VEC;  // columns between a thread's consecutive chunks
   const int first_col = group.lane * VEC;
   // This thread's UNROLL chunks from column `base` on (zeros past the row's end).
-  const auto load_run = [&](const T* row_ptr, int base, auto hint, uint64_t policy, Row& c) {
+  const auto load_run = [&](const T* row_ptr, int base, auto policy, Row& c) {
 #pragma unroll
     for (int k = 0; k < UNROLL; ++k) {
       const int col = base + k * stride;
-      const uint4 v = col < cols ? load_hinted<decltype(hint)::value>(row_ptr + col, policy) : uint4{};
+      const uint4 v = col < cols ? load_hinted(row_ptr + col, policy) : uint4{};
       memcpy(&c.v[k], &v, sizeof(v));
     }
   };
-  using Keep = std::integral_constant<L2Hint, L2Hint::kEvictLast>;
-  using Drop = std::integral_constant<L2Hint, L2Hint::kEvictFirst>;
-  const uint64_t keep = l2_policy<L2Hint::kEvictLast>(), drop = l2_policy<L2Hint::kEvictFirst>();
+  const auto keep = l2_policy<L2Hint::kEvictLast>();
+  const auto drop = l2_policy<L2Hint::kEvictFirst>();
   Chunks<W, VEC, 1> ones;  // an absent weight
   fill_chunks(A(1), ones);
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
@@ -766,7 +765,7 @@ __global__ void __launch_bounds__(kRmsFwdTwoPassThreads) rms_norm_fwd_two_pass_k
     A squares = 0;  // zeros past the row's end add nothing
     for (int base = first_col; base < cols; base += UNROLL * stride) {
       Row x;
-      load_run(x_row, base, Keep{}, keep, x);
+      load_run(x_row, base, keep, x);
 #pragma unroll
       for (int k = 0; k < UNROLL; ++k)
 #pragma unroll
@@ -777,7 +776,7 @@ __global__ void __launch_bounds__(kRmsFwdTwoPassThreads) rms_norm_fwd_two_pass_k
     T* out_row = row_start(static_cast<T*>(p.out), row * p.cols);
     for (int base = first_col; base < cols; base += UNROLL * stride) {
       Row x;
-      load_run(x_row, base, Drop{}, drop, x);
+      load_run(x_row, base, drop, x);
 #pragma unroll
       for (int k = 0; k < UNROLL; ++k) {
         const int col = base + k * stride;
@@ -1498,25 +1497,32 @@ FwdLaunch block_rows_launch(int64_t chunks) {
           threads_for((chunks + VPT - 1) / VPT), 1, kPrefetch || kFwdResidentGrid};
 }
 
+// The two-pass forward for RMSNorm rows of kRmsFwdTwoPassMinChunks to kRmsFwdTwoPassMaxChunks
+// chunks (16-bit, 16-byte vectors, no residual): the fewest chunks a thread (2 or 4) that cover
+// the row in one run, one block per row. A null kernel for other rows.
+template <typename T, typename W, bool RMS, bool ADD, int VEC>
+FwdLaunch rms_two_pass_launch(int64_t chunks) {
+  if constexpr (RMS && !ADD && sizeof(T) == 2 && VEC * sizeof(T) == 16) {
+    if (chunks >= kRmsFwdTwoPassMinChunks && chunks <= kRmsFwdTwoPassMaxChunks) {
+      const bool pairs = chunks <= 2 * kRmsFwdTwoPassThreads;
+      const int64_t per_thread = pairs ? 2 : 4;
+      return {pairs ? rms_norm_fwd_two_pass_kernel<T, W, VEC, 2> : rms_norm_fwd_two_pass_kernel<T, W, VEC, 4>,
+              std::min(kRmsFwdTwoPassThreads, threads_for((chunks + per_thread - 1) / per_thread)), 1, false};
+    }
+  }
+  return {nullptr, 0, 0, false};
+}
+
 // Register rows: a warp per row (4 rows per block) with 1 or 2 chunks per thread up to 64 chunks,
 // else a block per row (see the knobs); past 8 chunks per thread of 512 threads rows stream.
 template <typename T, typename W, bool RMS, bool ADD, int VEC>
 cudaError_t launch_fwd_with(const NormFwdParams& p, cudaStream_t stream) {
   constexpr bool kWarpPrefetch = kFwdWarpRowsPrefetch;
   const int64_t chunks = (p.cols + VEC - 1) / VEC;
-  FwdLaunch launch;
-  if constexpr (RMS && !ADD && sizeof(T) == 2 && VEC * sizeof(T) == 16) {
-    if (chunks >= kRmsFwdTwoPassMinChunks && chunks <= kRmsFwdTwoPassMaxChunks) {
-      const bool pairs = chunks <= 2 * kRmsFwdTwoPassThreads;
-      const int64_t per_thread = pairs ? 2 : 4;
-      const int threads = std::min(kRmsFwdTwoPassThreads, threads_for((chunks + per_thread - 1) / per_thread));
-      const FwdKernel kernel =
-          pairs ? rms_norm_fwd_two_pass_kernel<T, W, VEC, 2> : rms_norm_fwd_two_pass_kernel<T, W, VEC, 4>;
-      kernel<<<static_cast<unsigned>(std::min<int64_t>(p.rows, int64_t(1) << 30)), threads, 0, stream>>>(p);
-      return cudaGetLastError();
-    }
-  }
-  if (chunks <= 32) {
+  FwdLaunch launch = rms_two_pass_launch<T, W, RMS, ADD, VEC>(chunks);
+  if (launch.kernel != nullptr) {
+    // RMSNorm rows that take the two-pass forward
+  } else if (chunks <= 32) {
     launch = {norm_fwd_kernel<T, W, RMS, ADD, true, VEC, 1, kWarpPrefetch, kWarpRowsThreads>, kWarpRowsThreads,
               kWarpRowsGroups, kWarpPrefetch || kFwdResidentGrid};
   } else if (chunks <= 64) {
