@@ -189,6 +189,18 @@ template <int W, typename V, class Op> __device__ __forceinline__ V warp_all_red
   return value;
 }
 
+// (max, sum) pairs reduce as two scalar butterflies: the max, then every lane's sum rescaled to
+// it. Combining pairs at every step costs two exps and a NaN-aware max a step: about three
+// times the instructions. Every lane still ends with the same bits (each step adds a value and
+// its partner's, and addition commutes bit for bit).
+template <int W, typename T>
+__device__ __forceinline__ MaxSum<acc_t<T>> warp_all_reduce(MaxSum<acc_t<T>> value, MaxSumOp<T>) {
+  using A = acc_t<T>;
+  const A max = warp_all_reduce<W>(value.max, NanMaxOp{});
+  const A rescaled = max == neg_inf<A>() ? A(0) : mul_rn(value.sum, exp_acc<T>(value.max - max));
+  return {max, warp_all_reduce<W>(rescaled, SumOp{})};
+}
+
 template <int G, typename V, class Op>
 __device__ __forceinline__ V group_reduce(V value, Op op, V identity, V* scratch) {
   value = warp_all_reduce<G <= 32 ? G : 32>(value, op);
@@ -1439,7 +1451,7 @@ template <typename T> constexpr bool kPipelinedStagedRows = std::is_same<T, floa
 constexpr int kMaxStages = 16;
 constexpr int kStagedMaxCluster = kMaxExchangeCluster;
 // 16-bit rows take the thread's max logit over the raw packed pairs (one __hmax2 per two
-// elements), scaled once, instead of unpacking and scaling each element (see packed_max_logit).
+// elements), scaled once, instead of unpacking and scaling each element (see packed_extreme).
 constexpr bool kPackedMax = true;
 
 // The shape of a staged launch, fixed per row length: blocks per row, stages in the ring, and
@@ -1475,13 +1487,14 @@ template <typename T, int VECS, int THREADS> struct StagedSlice {
 
 using PackedWords = AlignedVector<uint32_t, 4>;  // a 16-byte vector of 16-bit pairs
 
-// The thread's max logit, mul_rn(x, scale) over its live 16-bit elements x, NaNs skipped (-inf
-// if none), two raw elements an instruction. Exact for a finite nonzero scale: mul_rn(., scale)
-// is monotone (decreasing if scale < 0) and NaN only at NaN, which __hmax2/__hmin2 skip as fmaxf
-// does, so it is mul_rn(max x, scale) (min x). The element-wise fold may differ in a zero's sign.
+// The live 16-bit element x whose logit mul_rn(x, scale) is the thread's max: the max x (the min
+// for a negative scale), NaNs skipped (-inf, +inf for a negative scale, if none), two raw
+// elements an instruction. Exact for a finite nonzero scale: mul_rn(., scale) is monotone
+// (decreasing if scale < 0) and NaN only at NaN, which __hmax2/__hmin2 skip as fmaxf does, so the
+// max logit is mul_rn(extreme, scale). The element-wise fold may differ in a zero's sign.
 template <typename T, int VECS, int THREADS>
-__device__ __forceinline__ float packed_max_logit(const StagedSlice<T, VECS, THREADS>& slice,
-                                                  const PackedWords (&words)[VECS], float scale) {
+__device__ __forceinline__ float packed_extreme(const StagedSlice<T, VECS, THREADS>& slice,
+                                                const PackedWords (&words)[VECS], float scale) {
   using T2 = std::conditional_t<std::is_same<T, __half>::value, __half2, __nv_bfloat162>;
   constexpr int kPairs = 4;
   // A tree over each vector's pairs, then a fold over the vectors: a short dependent chain.
@@ -1509,7 +1522,7 @@ __device__ __forceinline__ float packed_max_logit(const StagedSlice<T, VECS, THR
     const T2 m = fold([](T2 p, T2 q) { return __hmin2(p, q); }, std::numeric_limits<float>::infinity());
     extreme = fminf(__low2float(m), __high2float(m));
   }
-  return __fmul_rn(extreme, scale);
+  return extreme;
 }
 
 // Hides a vector's value from the compiler, so the values computed from it before are
@@ -1615,7 +1628,8 @@ __global__ void __launch_bounds__(THREADS, kStagedBlocksPerSm<THREADS>)
   const MaxSum<A> identity{neg_inf<A>(), A(0)};
   // Each pass recomputes the logits from the registers, rounded on their own (no FMA into the
   // subtraction that follows), so the max pass and the exp passes see the same values: an FMA
-  // would leave the max logit the rounding residual of its product, huge for huge logits.
+  // would leave the max logit the rounding residual of its product, huge for huge logits. (16-bit
+  // rows subtract the raw max element before scaling instead: exact at the max as well.)
   auto logit = [&](T x) { return mul_rn(to_acc(x), a.scale); };
   // A zero or non-finite scale makes NaN logits of non-NaN inputs: those take the element-wise max.
   constexpr bool kPacked = kPackedMax && sizeof(T) == 2;
@@ -1640,11 +1654,15 @@ __global__ void __launch_bounds__(THREADS, kStagedBlocksPerSm<THREADS>)
       for (int i = 0; i < VECS; ++i) memcpy(&v[i], &words[i], sizeof(Vec));
     }
   };
-  // The thread's max logit (-inf if it has none).
-  auto max_logit = [&](const Vec (&v)[VECS], const Words& words) {
+  // The thread's max logit (-inf if it has none); with the packed max, `extreme` is the raw
+  // element it is the rounded product of (see packed_extreme).
+  auto max_logit = [&](const Vec (&v)[VECS], const Words& words, A& extreme) {
     A thread_max = neg_inf<A>();
     if (packed_max) {
-      if constexpr (kPacked) thread_max = packed_max_logit(slice, words, a.scale);
+      if constexpr (kPacked) {
+        extreme = packed_extreme(slice, words, a.scale);
+        thread_max = __fmul_rn(extreme, a.scale);
+      }
     } else {
 #pragma unroll
       for (int i = 0; i < VECS; ++i) {
@@ -1693,7 +1711,8 @@ __global__ void __launch_bounds__(THREADS, kStagedBlocksPerSm<THREADS>)
       [[maybe_unused]] Words words;
       load_row(at.stage, v, words);
       // The thread's max logit, then its sum of exp(logit - that max).
-      A thread_max = max_logit(v, words);
+      A extreme = 0;
+      A thread_max = max_logit(v, words, extreme);
       const bool thread_empty = thread_max == neg_inf<A>();
       const A shift = thread_empty ? A(0) : thread_max;
       // 16-bit rows keep exp(logit - thread max) (log_softmax: logit - thread max) in fp32
@@ -1702,20 +1721,38 @@ __global__ void __launch_bounds__(THREADS, kStagedBlocksPerSm<THREADS>)
       // on output, rounding once.
       constexpr bool kKeep = sizeof(T) == 2;
       [[maybe_unused]] A kept[kKeep ? VECS : 1][VEC];
+      A sum = 0;
       if constexpr (kKeep) {
+        // Under the packed max, logit - thread max is taken as (x - extreme) * scale, with the
+        // scale folded into the exp's log2(e) (as the masked 16-bit forwards do): a multiply an
+        // element fewer than rounding each logit first, and as close to the exact value; bf16
+        // pairs widen by a shift and a mask. A zero or non-finite scale (rows of NaN or of equal
+        // logits) takes x * scale - thread max in one FMA.
+        const A raw_shift = packed_max ? (thread_empty ? A(0) : extreme) : shift;
+        const A x_scale = packed_max ? A(1) : a.scale;
+        const A log_scale = packed_max ? a.scale : A(1);
+        const A exp_scale = log_scale * A(1.4426950408889634);
 #pragma unroll
         for (int i = 0; i < VECS; ++i) opaque(v[i]);  // the logits again rather than 64 live (spills)
-      }
-      A sum = 0;
 #pragma unroll
-      for (int i = 0; i < VECS; ++i) {
-        if (slice.column(i) >= slice.len) continue;
+        for (int i = 0; i < VECS; ++i) {
+          if (slice.column(i) >= slice.len) continue;
+          A x[VEC];
+          widen(v[i], x);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const A shifted = logit(v[i].val[j]) - shift;
-          const A e = exp_acc<T>(shifted);
-          sum += e;
-          if constexpr (kKeep) kept[i][j] = kLog ? shifted : e;
+          for (int j = 0; j < VEC; ++j) {
+            const A d = fmaf(x[j], x_scale, -raw_shift);
+            const A e = exp2_ftz(d * exp_scale);
+            sum += e;
+            kept[i][j] = kLog ? d * log_scale : e;
+          }
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < VECS; ++i) {
+          if (slice.column(i) >= slice.len) continue;
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) sum += exp_acc<T>(logit(v[i].val[j]) - shift);
         }
       }
       // fmaxf skips NaN, but a NaN logit makes the sum NaN: the max carries it on, so the row is NaN.
@@ -1746,7 +1783,8 @@ __global__ void __launch_bounds__(THREADS, kStagedBlocksPerSm<THREADS>)
       Vec v[VECS];
       [[maybe_unused]] Words words;
       load_row(at.stage, v, words);
-      A thread_max = max_logit(v, words);
+      A extreme = 0;
+      A thread_max = max_logit(v, words, extreme);
       const A shift = thread_max == neg_inf<A>() ? A(0) : thread_max;
       A sum = 0;
 #pragma unroll
