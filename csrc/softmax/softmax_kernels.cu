@@ -1860,12 +1860,11 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_backward_kernel(Back
 #pragma unroll
     for (int i = 0; i < VECS; ++i) {
       if (slice.column(i) >= slice.len) continue;
-      const Vec va = y_of(i), vdy = dy_of(i);
+      A y[VEC], g[VEC];
+      widen(y_of(i), y);
+      widen(dy_of(i), g);
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const A g = to_acc(vdy.val[j]);
-        sum += kLog ? g : g * to_acc(va.val[j]);
-      }
+      for (int j = 0; j < VEC; ++j) sum += kLog ? g[j] : g[j] * y[j];
     }
     return sum;
   };
@@ -1875,13 +1874,13 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_backward_kernel(Back
 #pragma unroll
     for (int i = 0; i < VECS; ++i) {
       if (slice.column(i) >= slice.len) continue;
-      const Vec va = y_of(i), vdy = dy_of(i);
+      A y[VEC], g[VEC];
+      widen(y_of(i), y);
+      widen(dy_of(i), g);
       Vec out;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const A y = to_acc(va.val[j]), g = to_acc(vdy.val[j]);
-        out.val[j] = from_acc<T>(kLog ? a.scale * (g - exp_acc<T>(y) * sum) : a.scale * y * (g - sum));
-      }
+      for (int j = 0; j < VEC; ++j)
+        out.val[j] = from_acc<T>(kLog ? a.scale * (g[j] - exp_acc<T>(y[j]) * sum) : a.scale * y[j] * (g[j] - sum));
       store_vector<T, VEC>(dx + slice.column(i), out);
     }
   };
