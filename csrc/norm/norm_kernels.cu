@@ -250,27 +250,18 @@ __device__ __forceinline__ float count_ratio(float a, float b) {
 }
 __device__ __forceinline__ double count_ratio(double a, double b) { return a / b; }
 
-// The moments of the union of two disjoint sets (Chan, Golub and LeVeque): accurate whatever the
-// sets' means, where E[x^2] - mean^2 would cancel. The weight b.n / n is about an ulp off (fp32),
-// which moves the mean by about an ulp of the difference of the two means. Empty sets are fine.
-template <typename A> __device__ __forceinline__ Moments<A> merge_moments(const Moments<A>& a, const Moments<A>& b) {
-  const A n = a.n + b.n;
-  const A d = b.mean - a.mean;
-  const A w = count_ratio(b.n, n > A(1) ? n : A(1));
-  return {n, a.mean + d * w, a.m2 + b.m2 + d * d * a.n * w};
-}
-
-template <typename A, class Shfl> __device__ __forceinline__ Moments<A> shfl_moments(const Moments<A>& m, Shfl shfl) {
-  return {shfl(m.n), shfl(m.mean), shfl(m.m2)};
-}
-
-// The moments of a warp's lanes, in every lane: a tree into lane 0 (each step merges lane l with
-// lane l + offset, in that order), then broadcast, so every lane holds the same bits.
+// The moments of a warp's lanes, in every lane, from three butterflies of sums: the count and
+// the sum of the values (so the mean), then m2 = the lanes' m2 plus their counts times their
+// means' squared distances from that mean (Chan, Golub and LeVeque's update, taken once a lane):
+// accurate whatever the lanes' means, where E[x^2] - mean^2 would cancel. A butterfly merging
+// pairs of moments takes a reciprocal and three shuffles a step. Every lane ends with the same
+// bits (each step adds a value and its partner's, and addition commutes bit for bit); lanes
+// with n = 0 add nothing.
 template <typename A> __device__ __forceinline__ Moments<A> warp_merge_moments(Moments<A> m) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2)
-    m = merge_moments(m, shfl_moments(m, [&](A v) { return __shfl_down_sync(0xffffffffu, v, offset); }));
-  return shfl_moments(m, [](A v) { return __shfl_sync(0xffffffffu, v, 0); });
+  const A n = warp_reduce(m.n, SumOp{});
+  const A mean = count_ratio(warp_reduce(m.n * m.mean, SumOp{}), n > A(1) ? n : A(1));
+  const A d = m.mean - mean;
+  return {n, mean, warp_reduce(m.m2 + m.n * d * d, SumOp{})};
 }
 
 // The group's moments, in every thread (warp rows: shuffles only; block rows: the warps' moments
