@@ -1654,14 +1654,15 @@ __global__ void __launch_bounds__(THREADS, kStagedBlocksPerSm<THREADS>)
       for (int i = 0; i < VECS; ++i) memcpy(&v[i], &words[i], sizeof(Vec));
     }
   };
-  // The thread's max logit (-inf if it has none); with the packed max, `extreme` is the raw
-  // element it is the rounded product of (see packed_extreme).
-  auto max_logit = [&](const Vec (&v)[VECS], const Words& words, A& extreme) {
+  // The thread's max logit (-inf if it has none); with the packed max, *extreme (when asked for)
+  // is the raw element it is the rounded product of (see packed_extreme).
+  auto max_logit = [&](const Vec (&v)[VECS], const Words& words, A* extreme = nullptr) {
     A thread_max = neg_inf<A>();
     if (packed_max) {
       if constexpr (kPacked) {
-        extreme = packed_extreme(slice, words, a.scale);
-        thread_max = __fmul_rn(extreme, a.scale);
+        const A raw = packed_extreme(slice, words, a.scale);
+        if (extreme != nullptr) *extreme = raw;
+        thread_max = __fmul_rn(raw, a.scale);
       }
     } else {
 #pragma unroll
@@ -1712,7 +1713,7 @@ __global__ void __launch_bounds__(THREADS, kStagedBlocksPerSm<THREADS>)
       load_row(at.stage, v, words);
       // The thread's max logit, then its sum of exp(logit - that max).
       A extreme = 0;
-      A thread_max = max_logit(v, words, extreme);
+      A thread_max = max_logit(v, words, &extreme);
       const bool thread_empty = thread_max == neg_inf<A>();
       const A shift = thread_empty ? A(0) : thread_max;
       // 16-bit rows keep exp(logit - thread max) (log_softmax: logit - thread max) in fp32
@@ -1783,8 +1784,7 @@ __global__ void __launch_bounds__(THREADS, kStagedBlocksPerSm<THREADS>)
       Vec v[VECS];
       [[maybe_unused]] Words words;
       load_row(at.stage, v, words);
-      A extreme = 0;
-      A thread_max = max_logit(v, words, extreme);
+      A thread_max = max_logit(v, words);
       const A shift = thread_max == neg_inf<A>() ? A(0) : thread_max;
       A sum = 0;
 #pragma unroll
