@@ -236,17 +236,20 @@ def test_softmax_long_rows(shape, dtype, log):
 # Many rows per launch. Register rows take a block per row group (many blocks, the last one
 # partly past the end); staged rows run on a persistent grid (one resident wave of clusters)
 # that loops over rows through a ring of shared-memory stages, so every cluster handles many
-# rows, reusing each stage and alternating its two partial slots. A staged block's chunk is 32
-# KB of each tensor (forward blocks of 256 threads of 8 vectors, two an SM: 16384 16-bit / 8192
-# fp32 elements; backward blocks of 512 threads of 4 vectors each), or 64 KB in 512-thread blocks
-# when 32 KB would take more than 16 blocks; register rows reach 1024 threads (the 16-bit forward
-# 32768, the fp32 forward and the 16-bit backward 16384; the fp32 backward stops at 512 threads,
-# 8192). Row lengths (forward / backward blocks, bf16 then fp32; "reg" for register rows): 8192
-# (one 512-thread register block), 8200 (reg / reg, 1024 threads; reg / 2, the backward's second
-# block holding 8 elements), 20000 (reg / 2; 3 / 3), 32768 (reg / 2; 4 / 4), 40008 (3 / 3; 5 / 5:
-# odd clusters, partial last chunks), 65536 (4 / 4; 8 / 8), 131072 (8 / 8; 16 / 16), 131080 (9 /
-# 9; 9 / 9, all with 64 KB: non-portable clusters), 262144 (16 / 16; 16 / 16 with 64 KB), 262152
-# (9 / 9 with 64 KB; streamed), 524288 (16 / 16 with 64 KB; streamed), 524296 (streamed).
+# rows, reusing each stage and alternating its partial slots. A staged forward block's chunk is
+# 32 KB (256 threads of 8 vectors, two an SM: 16384 16-bit / 8192 fp32 elements), a backward
+# block's 16 KB of each tensor (256 threads of 4 vectors, two an SM: 8192 / 4096 elements); where
+# that takes more than 16 blocks, the backward's is 32 KB in 512-thread blocks, and where that
+# does too, either's is 64 KB in 512-thread blocks. Register rows reach 1024 threads (the 16-bit
+# forward 32768, the fp32 forward and the 16-bit backward 16384; the fp32 backward stops at 512
+# threads, 8192). 16-bit clusters of up to 8 blocks and fp32 ones run pipelined. Row lengths
+# (forward / backward blocks, bf16 then fp32; "reg" for register rows): 8192 (one 512-thread
+# register block), 8200 (reg / reg, 1024 threads; reg / 3, the backward's last block holding 8
+# elements), 20000 (reg / 3; 3 / 5), 32768 (reg / 4; 4 / 8), 40008 (3 / 5; 5 / 10: odd clusters,
+# partial last chunks), 65536 (4 / 8; 8 / 16), 131072 (8 / 16; 16 / 16 with 32 KB), 131080 (9 / 9
+# with 32 KB; 9 / 9 with 64 KB: non-portable clusters), 262144 (16 / 16 with 32 KB; 16 / 16 with
+# 64 KB), 262152 (9 / 9 with 64 KB; streamed), 524288 (16 / 16 with 64 KB; streamed), 524296
+# (streamed).
 MANY_ROW_SHAPES = [(70000, 256), (20000, 1024), (3000, 8192), (4000, 8200), (2000, 20000), (600, 32768), (400, 40008),
                    (300, 65536), (60, 131072), (40, 131080), (30, 262144), (12, 262152), (6, 524288),
                    (4, 524296)]
@@ -271,6 +274,18 @@ def test_staged_rows_negative_and_zero_scale(shape, dtype, scale):
         _check_softmax(shape, dtype, log, scale=scale)
 
 
+# The staged 16-bit forward takes a thread's exps in one FMA each while its shift's exp argument
+# is under 256 in magnitude, else as (x - shift) * scale: logits of standard deviation 40 put
+# threads on both sides (pipelined clusters at 65536 columns, plain ones at 262144).
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(300, 65536), (30, 262144)], ids=str)
+def test_staged_rows_large_logits(shape, dtype):
+    x = (torch.randn(shape, device="cuda") * 40).to(dtype)
+    for log in (False, True):
+        _check_softmax(shape, dtype, log, scale=1.1, x=x)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
 def test_masked_rows_loop(causal):
@@ -290,8 +305,8 @@ def test_softmax_float64(log):
 @pytest.mark.sanitizer
 # (6000, 128): many blocks of row groups; (5, 1000): groups reaching past the row's end;
 # staged rows (forward / backward blocks, fp16 then fp32): (2, 20000) (fp16 forward in registers,
-# backward 2 blocks; fp32 3 / 3), (1, 70000) (5 / 5; 9 / 9), (2, 140000) (9 / 9; 9 / 9 with 64
-# KB chunks, non-portable clusters); (800, 20000) (staged: fp16 backward, fp32 both) and (1600, 8200) (fp32 backward):
+# backward 3 blocks; fp32 3 / 5), (1, 70000) (5 / 9; 9 / 9 with 32 KB backward chunks), (2, 140000)
+# (9 / 9 with 32 KB; 9 / 9 with 64 KB chunks, non-portable clusters); (800, 20000) (staged: fp16 backward, fp32 both) and (1600, 8200) (fp32 backward):
 # more rows than the persistent grid of clusters holds, so clusters loop, each stage refilled and
 # reused under its next phase, each inbox of the cluster exchange reused; the same two shapes run
 # the 1024-thread register rows: persistent (fp16 forward 20000, fp16 backward 8200) over many rows

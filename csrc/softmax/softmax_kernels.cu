@@ -33,7 +33,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <iterator>
 #include <type_traits>
+#include <utility>
 
 #include <cooperative_groups.h>
 
@@ -1415,39 +1417,58 @@ __global__ void __launch_bounds__(block_threads(G)) streamed_backward_kernel(Bac
 
 // ---- staged rows (sm_90) ----------------------------------------------------------------------
 
-// Long unmasked rows on sm_90: a cluster of `cluster` blocks of kStagedThreads threads per row,
-// one block per SM (the forward's narrow chunks: kStagedForwardThreads, two blocks an SM), each
-// block owning one chunk of the row (threads * VECS vectors per tensor; 512 threads of 8 vectors
-// issue fewer instructions a byte than 1024 of 4, the reductions being per thread). A ring of
+// Long unmasked rows on sm_90: a cluster of `cluster` blocks per row, each owning one chunk of
+// the row (threads * VECS vectors per tensor; see StagedChunk for the shapes). A ring of
 // shared-memory stages holds the block's chunks of the next rows, filled by sm_90 bulk copies
 // (one instruction per chunk and tensor, issued by one thread, no registers held) as soon as a
 // stage has been read, so 128-192 KB per SM stay in flight through every row's reductions,
 // cluster barrier and stores. A thread copies its vectors of the current row from the stage into
 // registers (in the storage type), the block's reduction barrier frees the stage for the next
 // fill, and the row is written from registers.
-constexpr int kStagedThreads = 512;
-constexpr int kWideChunkBytes = 64 * 1024;    // a block's chunk of a row (per tensor)
-constexpr int kNarrowChunkBytes = 32 * 1024;  // the chunk while a cluster of 16 holds the row
 constexpr int kStagedRingBytes = 192 * 1024;  // shared memory of the stage rings of an SM
-// The forward's blocks while a cluster of 16 holds the row in narrow chunks: kStagedThreads /
-// kStagedForwardThreads blocks an SM (each with its share of kStagedRingBytes), so that one
+// A block's chunk of the row: its threads, the bytes it owns of each tensor and the blocks an SM
+// holds at once (their registers: launch bounds; their shared memory: each its share of
+// kStagedRingBytes).
+struct StagedChunk {
+  int threads;
+  int bytes;
+  int blocks_per_sm;
+  constexpr int vecs() const { return bytes / (16 * threads); }
+};
+// Each direction's chunks, tried in order: a row takes the first whose blocks hold it in a cluster
+// of at most kStagedMaxCluster. 512 threads of 8 vectors issue fewer instructions a byte than
+// 1024 of 4 (the reductions are per thread). The forward's 256-thread blocks (two an SM) let one
 // block's row reduction and cluster exchange overlap another's loads and stores (ncu, session 6:
-// with one 512-thread block an SM, no warp was eligible 48% of the time at bf16 N = 65536).
-constexpr int kStagedForwardThreads = 256;
-// Blocks of THREADS threads an SM holds at once (its registers: launch bounds; its shared memory:
-// the ring's share).
-template <int THREADS> constexpr int kStagedBlocksPerSm = kStagedThreads / THREADS;
-constexpr bool kNarrowStagedForward = true;  // false: the forward holds wide chunks only
-// fp32 cluster rows of the staged forward and backward run as a software pipeline
-// (staged_{forward,backward}_kernel, PIPELINED; pipeline_rows in stage_ring.cuh): a block reduces
-// row i and sends its (max, sum) / sum, then waits for row i - 1's (sent an iteration earlier)
-// and writes row i - 1 from its stage, so the exchange's latency and the cluster's drift hide
-// behind a row's work; rows i - 1 and i are held (three stages: one in flight). Launcher timing,
-// H200, session 8: fp32 forward N = 65536 / 262144 81.2 / 69.7 -> 84.8 / 79.0% of copy, backward
-// 16384 90.5 -> 94.2 (level at 65536 and 262144). 16-bit rows lost with it, forward 65536 / 262144
-// 81.3 / 78.2 -> 78.6 / 74.2 (their kept exps recomputed from the stage) and backward 84.9 / 84.2
-// -> 83.1 / 80.0 (one stage of 64 KB in flight where there were two).
-template <typename T> constexpr bool kPipelinedStagedRows = std::is_same<T, float>::value;
+// with one 512-thread block an SM, no warp was eligible 48% of the time at bf16 N = 65536);
+// launcher timing, H200, session 23, bf16 forward N = 65536: 128- or 64-thread blocks of 16 or 8
+// KB (four or eight an SM) lost 4-5 points, 16 KB chunks of 256 threads 1-14 (two, three or four
+// an SM). The backward's 256-thread blocks of 16 KB (two an SM) took it from 89.6 / 87.2% of copy
+// to 93.6 / 93.3 at bf16 N = 32768 / 65536 and from 91.7 / 91.2 to 95.4 / 94.2 at fp32 (session
+// 23, pipelined rows either way); unpipelined 16-bit rows lost 7 with them. Session 6: clusters
+// of 9-16 blocks of 32 KB chunks (rather than 5-8 of 64 KB) took the bf16 backward at N = 262144
+// from 79.4 to 85.4; the forward in 32 KB chunks of 512-thread blocks lost 12-18 points at
+// N = 65536 (session 7).
+constexpr StagedChunk kForwardChunks[] = {{256, 32 * 1024, 2}, {512, 64 * 1024, 1}};
+constexpr StagedChunk kBackwardChunks[] = {{256, 16 * 1024, 2}, {512, 32 * 1024, 1}, {512, 64 * 1024, 1}};
+template <int TENSORS> constexpr const auto& staged_chunks() {
+  if constexpr (TENSORS == 1) {
+    return kForwardChunks;
+  } else {
+    return kBackwardChunks;
+  }
+}
+// Cluster rows of up to this many blocks run as a software pipeline (staged_{forward,backward}_kernel,
+// PIPELINED; pipeline_rows in stage_ring.cuh): a block reduces row i and sends its (max, sum) /
+// sum, then waits for row i - 1's (sent an iteration earlier) and writes row i - 1 from its
+// stage, so the exchange's latency and the cluster's drift hide behind a row's work; rows i - 1
+// and i are held (three stages: one in flight). Launcher timing, H200, session 8: fp32 forward
+// N = 65536 / 262144 81.2 / 69.7 -> 84.8 / 79.0% of copy, backward 16384 90.5 -> 94.2 (level at
+// 65536 and 262144). 16-bit rows lost with it then, forward 65536 / 262144 81.3 / 78.2 -> 78.6 /
+// 74.2 (their kept exps recomputed from the stage) and backward 84.9 / 84.2 -> 83.1 / 80.0.
+// Session 23, with the exps recomputed folded (see staged_forward_kernel) and the (max, sum)
+// butterflies of session 22: forward 65536 83.8 -> 84.8, backward 32768 / 65536 86.7 / 85.3 ->
+// 89.6 / 87.2, but clusters of 16 (N = 262144) lost 1.2 / 0.7 (81.1 / 84.5 -> 79.9 / 83.8).
+template <typename T> constexpr int kPipelinedMaxCluster = sizeof(T) == 2 ? 8 : kMaxExchangeCluster;
 constexpr int kMaxStages = 16;
 constexpr int kStagedMaxCluster = kMaxExchangeCluster;
 // 16-bit rows take the thread's max logit over the raw packed pairs (one __hmax2 per two
@@ -1596,10 +1617,10 @@ __device__ __forceinline__ void run_staged_rows(const StagedSlice<T, VECS, THREA
 }
 #endif
 
-// THREADS: kStagedThreads (one block an SM) or kStagedForwardThreads (several). PIPELINED: cluster
-// rows as a software pipeline (kPipelinedStagedRows).
-template <typename T, int VECS, int THREADS, bool PIPELINED>
-__global__ void __launch_bounds__(THREADS, kStagedBlocksPerSm<THREADS>)
+// THREADS: a StagedChunk's threads. PIPELINED: cluster rows as a software pipeline
+// (kPipelinedMaxCluster).
+template <typename T, int VECS, int THREADS, int BLOCKS, bool PIPELINED>
+__global__ void __launch_bounds__(THREADS, BLOCKS)
     staged_forward_kernel(ForwardArgs<T> a, StagedShape shape) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using A = acc_t<T>;
@@ -1703,6 +1724,70 @@ __global__ void __launch_bounds__(THREADS, kStagedBlocksPerSm<THREADS>)
       return kLog ? shifted - t.log_sum : exp_acc<T>(shifted) * t.inv_sum;
     };
   };
+  // 16-bit rows take logit - thread max as d * log_scale with d = x * x_scale - raw_shift, and its
+  // exp as exp2(d * exp_scale). Under the packed max that is (x - the thread's extreme element)
+  // * scale with the scale folded into the exp's log2(e) (as the masked 16-bit forwards do): a
+  // multiply an element fewer than rounding each logit first, and as close to the exact value.
+  // A zero or non-finite scale (rows of NaN or of equal logits) takes x * scale - thread max in
+  // one FMA.
+  constexpr bool kFold = sizeof(T) == 2;
+  const A x_scale = packed_max ? A(1) : a.scale;
+  const A log_scale = packed_max ? a.scale : A(1);
+  const A exp_scale = log_scale * A(1.4426950408889634);
+  // Where a thread's exps start: its max logit (0 when it has none) and, folded, the raw shift.
+  // Where the shift's exp argument raw * exp_scale is small, the exps take it rounded, in one
+  // FMA with the element's: the rounding moves the argument by at most 2^-24 of kOneFmaMaxShift
+  // (2^-16: a relative error of 1.1e-5 in the exp, far under the 16-bit output's rounding), and
+  // the thread's max element still gets exp2(its FMA's residual), within 2^-16 of 1.
+  constexpr A kOneFmaMaxShift = 256;
+  struct Shift {
+    bool empty;
+    A max, raw;
+    bool one_fma;
+    A raw_exp;
+  };
+  auto thread_shift = [&](A thread_max, A extreme) {
+    const bool empty = thread_max == neg_inf<A>();
+    const A shift = empty ? A(0) : thread_max;
+    const A raw = packed_max ? (empty ? A(0) : extreme) : shift;
+    const A raw_exp = raw * exp_scale;
+    return Shift{empty, shift, raw, packed_max && fabsf(raw_exp) < kOneFmaMaxShift, raw_exp};
+  };
+  // Calls each(i, j, d, e) for element j of vector i: e = exp(logit - shift) and (folded) d.
+  auto for_each_exp = [&](const Vec (&v)[VECS], const Shift& shift, auto each) {
+    auto elements = [&](auto one_fma) {
+#pragma unroll
+      for (int i = 0; i < VECS; ++i) {
+        if (slice.column(i) >= slice.len) continue;
+        if constexpr (kFold) {
+          A x[VEC];
+          widen(v[i], x);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            const A d = fmaf(x[j], x_scale, -shift.raw);
+            each(i, j, d, exp2_ftz(one_fma ? fmaf(x[j], exp_scale, -shift.raw_exp) : d * exp_scale));
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) each(i, j, A(0), exp_acc<T>(logit(v[i].val[j]) - shift.max));
+        }
+      }
+    };
+    if (kFold && shift.one_fma) {
+      elements(std::true_type{});
+    } else {
+      elements(std::false_type{});
+    }
+  };
+  // Folded rows' outputs from exp(logit - shift) (log_softmax: logit - shift): times
+  // exp(shift - row max) / sum, and minus (row max - shift) + log(sum).
+  struct Rescale {
+    A factor, offset;
+  };
+  auto rescale = [&](const Shift& shift, const Totals& t) {
+    return Rescale{shift.empty ? A(0) : exp_acc<T>(shift.max - t.row_max) * t.inv_sum,
+                   (t.row_max - shift.max) + t.log_sum};
+  };
   auto rows = [&](auto log_tag) {
     [[maybe_unused]] constexpr bool kLog = decltype(log_tag)::value;
     StagedCursor at;
@@ -1714,47 +1799,22 @@ __global__ void __launch_bounds__(THREADS, kStagedBlocksPerSm<THREADS>)
       // The thread's max logit, then its sum of exp(logit - that max).
       A extreme = 0;
       A thread_max = max_logit(v, words, &extreme);
-      const bool thread_empty = thread_max == neg_inf<A>();
-      const A shift = thread_empty ? A(0) : thread_max;
-      // 16-bit rows keep exp(logit - thread max) (log_softmax: logit - thread max) in fp32
+      const Shift shift = thread_shift(thread_max, extreme);
+      // Folded rows keep exp(logit - thread max) (log_softmax: logit - thread max) in fp32
       // registers for the output, one multiply (subtraction) each there: half the exps, and the
       // extra rounding vanishes under the 16-bit one. fp32 rows recompute from the raw values
       // on output, rounding once.
-      constexpr bool kKeep = sizeof(T) == 2;
-      [[maybe_unused]] A kept[kKeep ? VECS : 1][VEC];
+      [[maybe_unused]] A kept[kFold ? VECS : 1][VEC];
       A sum = 0;
-      if constexpr (kKeep) {
-        // Under the packed max, logit - thread max is taken as (x - extreme) * scale, with the
-        // scale folded into the exp's log2(e) (as the masked 16-bit forwards do): a multiply an
-        // element fewer than rounding each logit first, and as close to the exact value; bf16
-        // pairs widen by a shift and a mask. A zero or non-finite scale (rows of NaN or of equal
-        // logits) takes x * scale - thread max in one FMA.
-        const A raw_shift = packed_max ? (thread_empty ? A(0) : extreme) : shift;
-        const A x_scale = packed_max ? A(1) : a.scale;
-        const A log_scale = packed_max ? a.scale : A(1);
-        const A exp_scale = log_scale * A(1.4426950408889634);
+      if constexpr (kFold) {
 #pragma unroll
         for (int i = 0; i < VECS; ++i) opaque(v[i]);  // the logits again rather than 64 live (spills)
-#pragma unroll
-        for (int i = 0; i < VECS; ++i) {
-          if (slice.column(i) >= slice.len) continue;
-          A x[VEC];
-          widen(v[i], x);
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) {
-            const A d = fmaf(x[j], x_scale, -raw_shift);
-            const A e = exp2_ftz(d * exp_scale);
-            sum += e;
-            kept[i][j] = kLog ? d * log_scale : e;
-          }
-        }
+        for_each_exp(v, shift, [&](int i, int j, A d, A e) {
+          sum += e;
+          kept[i][j] = kLog ? d * log_scale : e;
+        });
       } else {
-#pragma unroll
-        for (int i = 0; i < VECS; ++i) {
-          if (slice.column(i) >= slice.len) continue;
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) sum += exp_acc<T>(logit(v[i].val[j]) - shift);
-        }
+        for_each_exp(v, shift, [&](int, int, A, A e) { sum += e; });
       }
       // fmaxf skips NaN, but a NaN logit makes the sum NaN: the max carries it on, so the row is NaN.
       if (sum != sum) thread_max = sum;
@@ -1762,12 +1822,9 @@ __global__ void __launch_bounds__(THREADS, kStagedBlocksPerSm<THREADS>)
                                             [&] { refill(at.stage, row); });
       total = cluster_exchange_reduce(exchange, total, MaxSumOp<T>{}, identity, at.exchange.slot, at.exchange.phase);
       const Totals t = totals(total, log_tag);
-      if constexpr (kKeep) {
-        // Kept values: exp(logit - shift) * factor = exp(logit - row max) / sum, and
-        // (logit - shift) - offset = logit - row max - log(sum).
-        const A factor = thread_empty ? A(0) : exp_acc<T>(shift - t.row_max) * t.inv_sum;
-        const A offset = (t.row_max - shift) + t.log_sum;
-        store_row(row, [&](int i, int j) { return kLog ? kept[i][j] - offset : kept[i][j] * factor; });
+      if constexpr (kFold) {
+        const Rescale r = rescale(shift, t);
+        store_row(row, [&](int i, int j) { return kLog ? kept[i][j] - r.offset : kept[i][j] * r.factor; });
       } else {
 #pragma unroll
         for (int i = 0; i < VECS; ++i) opaque(v[i]);
@@ -1777,36 +1834,43 @@ __global__ void __launch_bounds__(THREADS, kStagedBlocksPerSm<THREADS>)
     }
   };
   // PIPELINED (pipeline_rows): reduce and send row i's (max, sum), then write row i - 1 from its
-  // stage; the stage of row i - 2 is refilled past row i's barrier.
+  // stage (folded rows: from the thread's shift, carried); the stage of row i - 2 is refilled
+  // past row i's barrier.
   auto pipelined_rows = [&](auto log_tag) {
+    [[maybe_unused]] constexpr bool kLog = decltype(log_tag)::value;
     const auto reduce = [&](int64_t, const auto& at, const auto& slot, const FreedStage& freed) {
       ring.wait(at.stage, at.phase);
       Vec v[VECS];
       [[maybe_unused]] Words words;
       load_row(at.stage, v, words);
-      A thread_max = max_logit(v, words);
-      const A shift = thread_max == neg_inf<A>() ? A(0) : thread_max;
+      A extreme = 0;
+      A thread_max = max_logit(v, words, &extreme);
+      const Shift shift = thread_shift(thread_max, extreme);
       A sum = 0;
-#pragma unroll
-      for (int i = 0; i < VECS; ++i) {
-        if (slice.column(i) >= slice.len) continue;
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) sum += exp_acc<T>(logit(v[i].val[j]) - shift);
-      }
+      for_each_exp(v, shift, [&](int, int, A, A e) { sum += e; });
       if (sum != sum) thread_max = sum;  // as in rows()
       const MaxSum<A> total =
           staged_block_reduce(MaxSum<A>{thread_max, sum}, MaxSumOp<T>{}, scratch, at.exchange.slot, [&] {
             if (freed.any) refill(freed.stage, freed.row);
           });
       exchange.send(total, slot.slot);
-      return NoCarry{};
+      return shift;
     };
-    const auto finish = [&](int64_t row, const auto& at, const auto& slot, NoCarry) {
+    const auto finish = [&](int64_t row, const auto& at, const auto& slot, const Shift& shift) {
       const MaxSum<A> total = inbox_reduce(exchange.wait(slot.slot, slot.phase), slice.cluster, MaxSumOp<T>{}, identity);
+      const Totals t = totals(total, log_tag);
       Vec v[VECS];
       [[maybe_unused]] Words words;
       load_row(at.stage, v, words);
-      store_row(row, recomputed(v, totals(total, log_tag), log_tag));
+      if constexpr (kFold) {
+        const Rescale r = rescale(shift, t);
+        A y[VECS][VEC];
+        for_each_exp(v, shift,
+                     [&](int i, int j, A d, A e) { y[i][j] = kLog ? d * log_scale - r.offset : e * r.factor; });
+        store_row(row, [&](int i, int j) { return y[i][j]; });
+      } else {
+        store_row(row, recomputed(v, t, log_tag));
+      }
     };
     pipeline_rows(slice.first, slice.step, a.rows, shape.stages, reduce, finish);
   };
@@ -1818,9 +1882,11 @@ __global__ void __launch_bounds__(THREADS, kStagedBlocksPerSm<THREADS>)
 #endif
 }
 
-// PIPELINED: cluster rows as a software pipeline (kPipelinedStagedRows).
-template <typename T, int VECS, bool PIPELINED>
-__global__ void __launch_bounds__(kStagedThreads, 1) staged_backward_kernel(BackwardArgs<T> a, StagedShape shape) {
+// THREADS: a StagedChunk's threads. PIPELINED: cluster rows as a software pipeline
+// (kPipelinedMaxCluster).
+template <typename T, int VECS, int THREADS, int BLOCKS, bool PIPELINED>
+__global__ void __launch_bounds__(THREADS, BLOCKS)
+    staged_backward_kernel(BackwardArgs<T> a, StagedShape shape) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using A = acc_t<T>;
   constexpr int VEC = kVec16<T>;
@@ -1828,10 +1894,10 @@ __global__ void __launch_bounds__(kStagedThreads, 1) staged_backward_kernel(Back
   constexpr int kSlots = PIPELINED ? kPipelineSlots : 2;
   extern __shared__ uint4 stage_storage[];
   __shared__ uint64_t full[kMaxStages];
-  __shared__ A scratch[2][kStagedThreads / 32];
+  __shared__ A scratch[2][THREADS / 32];
   __shared__ A inbox[kSlots][kStagedMaxCluster];
   __shared__ uint64_t exchange_bars[kSlots];
-  const StagedSlice<T, VECS, kStagedThreads> slice(a.cols, shape.cluster);
+  const StagedSlice<T, VECS, THREADS> slice(a.cols, shape.cluster);
   // A stage holds the block's chunk of `a` (y), then its chunk of dy.
   const StageRing ring{reinterpret_cast<char*>(stage_storage), full, shape.stages, 2 * shape.tensor_bytes};
   ring.init();
@@ -1966,37 +2032,25 @@ struct Plan {
   bool persistent;  // register and cluster rows: a persistent, pipelined grid, else a row group per block
   bool cache;       // streamed rows kept in shared memory (also the fallback of cluster and staged rows)
   size_t cache_bytes;
-  int staged_vecs;  // staged rows: vectors per thread and tensor (cluster: blocks per row); 0 otherwise
-  int staged_threads;  // staged rows: threads per block
+  int staged_chunk;  // staged rows: the index of their chunk (see staged_chunk), else -1
   dim3 row_grid{0, 1, 1};  // masked register rows of one row a block: row_grid's 3D grid, or x = 0: row order
 };
 
-// Staged rows: vectors per thread and tensor, the blocks per row (`cluster`) and their threads;
-// 0 when no chunk fits the row in kStagedMaxCluster blocks. While a cluster of 16 holds the row
-// in 32 KB chunks, the forward takes blocks of kStagedForwardThreads (three stages of 32 KB
-// each) and the backward 32 KB of each tensor in 512-thread blocks (three stages of 2 x 32 KB);
-// longer rows take 64 KB chunks in 512-thread blocks (the forward three stages, the backward
-// one of 2 x 64 KB, the registers being the second buffer). Launcher timing, H200, session 6:
-// clusters of 9-16 blocks of 32 KB chunks (rather than 5-8 of 64 KB) took the bf16 backward at N
-// = 262144 from 79.4 to 85.4% of copy; the forward in 32 KB chunks of 512-thread blocks lost 12-18
-// points at N = 65536 (session 7).
-template <typename T> int staged_vecs(int64_t cols, int tensors, int& cluster, int& threads) {
-  auto blocks = [&](int chunk_bytes) {
-    const int64_t chunk = chunk_bytes / static_cast<int64_t>(sizeof(T));
-    return (cols + chunk - 1) / chunk;
-  };
-  threads = kStagedThreads;
-  if ((tensors == 2 || kNarrowStagedForward) && blocks(kNarrowChunkBytes) <= kStagedMaxCluster) {
-    cluster = static_cast<int>(blocks(kNarrowChunkBytes));
-    if (tensors == 1) threads = kStagedForwardThreads;
-    return kNarrowChunkBytes / (16 * threads);
+// Staged rows: the index of the row's chunk in staged_chunks<tensors>() and its blocks per row
+// (`cluster`); -1 when no chunk fits the row in kStagedMaxCluster blocks.
+template <typename T, size_t CHUNKS>
+int staged_chunk(int64_t cols, const StagedChunk (&chunks)[CHUNKS], int& cluster) {
+  for (size_t i = 0; i < CHUNKS; ++i) {
+    const int64_t chunk = chunks[i].bytes / static_cast<int64_t>(sizeof(T));
+    const int64_t blocks = (cols + chunk - 1) / chunk;
+    if (blocks <= kStagedMaxCluster) {
+      cluster = static_cast<int>(blocks);
+      return static_cast<int>(i);
+    }
   }
-  if (blocks(kWideChunkBytes) <= kStagedMaxCluster) {
-    cluster = static_cast<int>(blocks(kWideChunkBytes));
-    return kWideChunkBytes / (16 * kStagedThreads);
-  }
-  return 0;
+  return -1;
 }
+
 
 // per_thread: elements a thread keeps in registers on register and cluster rows. `masked`
 // rows take cluster rows where unmasked ones take staged rows, and streamed rows unless their
@@ -2004,7 +2058,7 @@ template <typename T> int staged_vecs(int64_t cols, int tensors, int& cluster, i
 template <typename T>
 Plan make_plan(int64_t cols, bool aligned, int tensors, int per_thread, bool masked, bool vector_mask = true) {
   constexpr int kVec = kVec16<T>;
-  Plan plan{false, 32, 0, 1, 0, false, false, 0, 0, 0};
+  Plan plan{false, 32, 0, 1, 0, false, false, 0, -1};
   plan.vectorized = aligned && cols % kVec == 0 && !std::is_same<T, double>::value;
   if (!plan.vectorized) {
     plan.group = cols <= 1024 ? 32 : kStreamThreads;
@@ -2032,7 +2086,8 @@ Plan make_plan(int64_t cols, bool aligned, int tensors, int per_thread, bool mas
   plan.cache = plan.cache_bytes <= static_cast<size_t>(kMaxCacheBytes);
   if (!plan.cache) plan.cache_bytes = 0;
   if (clusters && !masked) {
-    plan.staged_vecs = staged_vecs<T>(cols, tensors, plan.cluster, plan.staged_threads);
+    plan.staged_chunk = tensors == 1 ? staged_chunk<T>(cols, staged_chunks<1>(), plan.cluster)
+                                     : staged_chunk<T>(cols, staged_chunks<2>(), plan.cluster);
   } else if (clusters && vector_mask && cols <= int64_t(per_thread) * kWideClusterThreads * kMaxCluster) {
     plan.cluster_threads =
         cols <= int64_t(per_thread) * kClusterThreads * kMaxCluster ? kClusterThreads : kWideClusterThreads;
@@ -2090,22 +2145,23 @@ cudaError_t launch_cluster_wave(Kernel kernel, int64_t rows, int cluster, int th
   return wave.launch(std::min<int64_t>(rows, active), kernel_args...);
 }
 
-// Staged rows: one resident wave of clusters (kStagedBlocksPerSm blocks per SM, each with
+// Staged rows: one resident wave of clusters (BLOCKS blocks per SM, each with
 // its share of kStagedRingBytes as its stage ring, in dynamic shared memory), each looping over
 // rows, or one cluster per row when there are fewer rows. Cluster rows run `pipelined` (the
-// software-pipelined kernel, kPipelinedStagedRows) where the ring holds kPipelineMinStages,
-// single-block rows and smaller rings `plain`.
-template <typename T, int VECS, int THREADS, class Kernel, class Args>
+// software-pipelined kernel) up to kPipelinedMaxCluster blocks where the ring holds
+// kPipelineMinStages, single-block rows, longer 16-bit clusters and smaller rings `plain`.
+template <typename T, int VECS, int THREADS, int BLOCKS, class Kernel, class Args>
 cudaError_t launch_staged(Kernel plain, Kernel pipelined, const Args& args, int cluster, int tensors,
                           cudaStream_t stream) {
   StagedShape shape;
   shape.cluster = cluster;
   const int64_t chunk_bytes = int64_t(THREADS) * VECS * 16;
   shape.tensor_bytes = static_cast<int>((std::min<int64_t>(chunk_bytes, args.cols * int64_t(sizeof(T))) + 127) / 128 * 128);
-  const int ring_bytes = kStagedRingBytes / kStagedBlocksPerSm<THREADS>;
+  const int ring_bytes = kStagedRingBytes / BLOCKS;
   shape.stages = std::min(kMaxStages, ring_bytes / (tensors * shape.tensor_bytes));
   const int shared_bytes = shape.stages * tensors * shape.tensor_bytes;
-  const Kernel kernel = cluster > 1 && shape.stages >= kPipelineMinStages ? pipelined : plain;
+  const bool pipeline = cluster > 1 && cluster <= kPipelinedMaxCluster<T> && shape.stages >= kPipelineMinStages;
+  const Kernel kernel = pipeline ? pipelined : plain;
   return launch_cluster_wave(kernel, args.rows, cluster, THREADS, shared_bytes, stream, args, shape);
 }
 
@@ -2122,6 +2178,16 @@ cudaError_t dispatch_register_rows(const Plan& plan, Launch launch) {
   return cudaErrorInvalidConfiguration;
 }
 
+// Launch::staged<VECS, THREADS, BLOCKS>() of chunk `index` of the launch's direction (see staged_chunks).
+template <class Launch, size_t... I>
+void dispatch_staged(int index, const Launch& launch, cudaError_t& err, std::index_sequence<I...>) {
+  constexpr auto& kChunks = staged_chunks<Launch::kTensors>();
+  ((index == static_cast<int>(I)
+        ? (err = launch.template staged<kChunks[I].vecs(), kChunks[I].threads, kChunks[I].blocks_per_sm>(), 0)
+        : 0),
+   ...);
+}
+
 // Instantiates and launches the kernel of a plan:
 // Launch::register_rows<G, ITEMS, VEC, PERSISTENT>(), Launch::cluster_rows<CLUSTER, G, ITEMS, VEC>()
 // or Launch::streamed<G, VEC, CACHE>(), with PER_THREAD elements a thread on register and cluster
@@ -2130,17 +2196,11 @@ template <typename T, int PER_THREAD, class Launch>
 cudaError_t dispatch_plan(const Plan& plan, Launch launch) {
   constexpr int kVec = kVec16<T>;
   constexpr int kItems = PER_THREAD / kVec;
-  if (plan.staged_vecs > 0) {
+  if (plan.staged_chunk >= 0) {
     cudaError_t err = cudaErrorNotSupported;
     if constexpr (!std::is_same<T, double>::value) {
-      constexpr int kNarrow = kNarrowChunkBytes / (16 * kStagedThreads), kWide = kWideChunkBytes / (16 * kStagedThreads);
-      constexpr int kNarrowForward = kNarrowChunkBytes / (16 * kStagedForwardThreads);
-      if (plan.staged_threads == kStagedForwardThreads) {
-        err = launch.template staged<kNarrowForward, kStagedForwardThreads>();
-      } else {
-        err = plan.staged_vecs == kNarrow ? launch.template staged<kNarrow, kStagedThreads>()
-                                          : launch.template staged<kWide, kStagedThreads>();
-      }
+      constexpr auto& kChunks = staged_chunks<Launch::kTensors>();
+      dispatch_staged(plan.staged_chunk, launch, err, std::make_index_sequence<std::size(kChunks)>{});
     }
     if (err != cudaErrorNotSupported) return err;
     // The device cannot hold such a cluster with its stage ring: stream the row instead.
@@ -2230,21 +2290,18 @@ template <typename T, bool MASKED, bool BACKWARD> struct RowLaunch {
       return cudaErrorNotSupported;  // make_plan gives unmasked rows staged rows instead
     }
   }
-  template <int VECS, int THREADS> cudaError_t staged() const {
-    // Masked rows take cluster rows. Only the shapes staged_vecs gives a direction are built:
-    // the backward's blocks are all of kStagedThreads, the forward's narrow chunks are not.
-    constexpr bool kBuilt = BACKWARD ? THREADS == kStagedThreads
-                                     : !(THREADS == kStagedThreads && VECS * 16 * THREADS == kNarrowChunkBytes);
-    if constexpr (MASKED || !kBuilt) {
+  template <int VECS, int THREADS, int BLOCKS> cudaError_t staged() const {
+    // Masked rows take cluster rows.
+    if constexpr (MASKED) {
       return cudaErrorNotSupported;
     } else if constexpr (BACKWARD) {
-      return launch_staged<T, VECS, THREADS>(staged_backward_kernel<T, VECS, false>,
-                                             staged_backward_kernel<T, VECS, kPipelinedStagedRows<T>>, args,
-                                             plan.cluster, kTensors, stream);
+      return launch_staged<T, VECS, THREADS, BLOCKS>(staged_backward_kernel<T, VECS, THREADS, BLOCKS, false>,
+                                                     staged_backward_kernel<T, VECS, THREADS, BLOCKS, true>, args,
+                                                     plan.cluster, kTensors, stream);
     } else {
-      return launch_staged<T, VECS, THREADS>(staged_forward_kernel<T, VECS, THREADS, false>,
-                                             staged_forward_kernel<T, VECS, THREADS, kPipelinedStagedRows<T>>, args,
-                                             plan.cluster, kTensors, stream);
+      return launch_staged<T, VECS, THREADS, BLOCKS>(staged_forward_kernel<T, VECS, THREADS, BLOCKS, false>,
+                                                     staged_forward_kernel<T, VECS, THREADS, BLOCKS, true>, args,
+                                                     plan.cluster, kTensors, stream);
     }
   }
   template <int G, int VEC, bool CACHE> cudaError_t streamed() const {
