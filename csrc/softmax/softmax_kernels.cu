@@ -108,7 +108,8 @@ constexpr int kWideClusterThreads = 1024;
 // rows past 512 threads. H200, session 6 (launcher timing, N = 16384): the bf16 backward went
 // from 89.5 to 98.7% of copy and the fp32 forward from 86.9 to 90.7 on 1024-thread register rows
 // (the bf16 forward at 32768: 84.9 to 86.2); the fp32 backward (128 bytes a thread) fell from
-// 92.6 to 81.4.
+// 92.6 to 81.4. Backward rows of 16384 streamed instead (two passes, the second from L2) lost 37
+// points (bf16) and 5 (fp32, against staged rows; session 23).
 constexpr int kWideRegisterRowBytes = 64;
 constexpr int kMaxCluster = 16;  // blocks per cluster (above 8 is a non-portable size)
 constexpr int kMaxCacheBytes = 96 * 1024;       // shared memory staging of a streamed row
@@ -1426,6 +1427,7 @@ __global__ void __launch_bounds__(block_threads(G)) streamed_backward_kernel(Bac
 // registers (in the storage type), the block's reduction barrier frees the stage for the next
 // fill, and the row is written from registers.
 constexpr int kStagedRingBytes = 192 * 1024;  // shared memory of the stage rings of an SM
+constexpr int kStagedMaxCluster = kMaxExchangeCluster;
 // A block's chunk of the row: its threads, the bytes it owns of each tensor and the blocks an SM
 // holds at once (their registers: launch bounds; their shared memory: each its share of
 // kStagedRingBytes).
@@ -1468,9 +1470,8 @@ template <int TENSORS> constexpr const auto& staged_chunks() {
 // Session 23, with the exps recomputed folded (see staged_forward_kernel) and the (max, sum)
 // butterflies of session 22: forward 65536 83.8 -> 84.8, backward 32768 / 65536 86.7 / 85.3 ->
 // 89.6 / 87.2, but clusters of 16 (N = 262144) lost 1.2 / 0.7 (81.1 / 84.5 -> 79.9 / 83.8).
-template <typename T> constexpr int kPipelinedMaxCluster = sizeof(T) == 2 ? 8 : kMaxExchangeCluster;
+template <typename T> constexpr int kPipelinedMaxCluster = sizeof(T) == 2 ? 8 : kStagedMaxCluster;
 constexpr int kMaxStages = 16;
-constexpr int kStagedMaxCluster = kMaxExchangeCluster;
 // 16-bit rows take the thread's max logit over the raw packed pairs (one __hmax2 per two
 // elements), scaled once, instead of unpacking and scaling each element (see packed_extreme).
 constexpr bool kPackedMax = true;
