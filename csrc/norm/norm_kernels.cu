@@ -142,7 +142,8 @@ constexpr bool kAddBwdStagedBlockRows = false;
 // +1.4; RMSNorm 16384 / 32768 82.9 / 79.6 -> 83.4 / 81.5; add_layer_norm / add_rms_norm at 16384
 // 81.8 / 86.4 -> 80.5 / 85.5 (level at 32768). 2 chunks in 256-thread blocks (two an SM, as the
 // softmax backward's blocks) lost 5-13 points at 16384 / 32768 (LayerNorm 83.7 / 78.5 -> 70.7 /
-// 70.2, RMSNorm 84.5 / 84.5 -> 79.3 / 79.4; session 23).
+// 70.2, RMSNorm 84.5 / 84.5 -> 79.3 / 79.4; session 23), 4 chunks in 128-thread blocks (two or
+// three an SM) 10 at LayerNorm 8192 / 16384 and 7 at 32768.
 constexpr int kBwdStagedChunks = 4;
 constexpr int kStagedThreads = 256;
 constexpr int kAddBwdStagedChunks = 2;
@@ -1509,29 +1510,33 @@ FwdLaunch rms_two_pass_launch(int64_t chunks) {
 // Register rows: a warp per row (4 rows per block) with 1 or 2 chunks per thread up to 64 chunks,
 // else a block per row (see the knobs); past 8 chunks per thread of 512 threads rows stream.
 template <typename T, typename W, bool RMS, bool ADD, int VEC>
-cudaError_t launch_fwd_with(const NormFwdParams& p, cudaStream_t stream) {
+FwdLaunch register_rows_launch(int64_t chunks) {
   constexpr bool kWarpPrefetch = kFwdWarpRowsPrefetch;
+  if (chunks <= 32) {
+    return {norm_fwd_kernel<T, W, RMS, ADD, true, VEC, 1, kWarpPrefetch, kWarpRowsThreads>, kWarpRowsThreads,
+            kWarpRowsGroups, kWarpPrefetch || kFwdResidentGrid};
+  }
+  if (chunks <= 64) {
+    return {norm_fwd_kernel<T, W, RMS, ADD, true, VEC, 2, kWarpPrefetch, kWarpRowsThreads>, kWarpRowsThreads,
+            kWarpRowsGroups, kWarpPrefetch || kFwdResidentGrid};
+  }
+  if (ADD && chunks > kAddFwdWideBlockMinChunks && chunks <= 4 * kMaxThreads)
+    return block_rows_launch<T, W, RMS, ADD, VEC, 4, false, 4 * kMaxThreads, kMaxThreads>(chunks);
+  if (!RMS && !ADD && chunks >= kLnFwdOneRowWideMinChunks && chunks <= kFwdOneRowMaxChunks)
+    return block_rows_launch<T, W, RMS, ADD, VEC, 8, false, kFwdOneRowMaxChunks>(chunks);
+  if (RMS && chunks <= kRmsFwdOneRowNarrowMaxChunks)
+    return block_rows_launch<T, W, RMS, ADD, VEC, 2, false, kFwdOneRowMaxChunks>(chunks);
+  if (chunks <= kFwdOneRowMaxChunks)
+    return block_rows_launch<T, W, RMS, ADD, VEC, kFwdOneRowChunks, false, kFwdOneRowMaxChunks>(chunks);
+  return block_rows_launch<T, W, RMS, ADD, VEC, kFwdPrefetchChunks, true, int64_t(kBlockRowsThreads) * 8>(chunks);
+}
+
+// The two-pass RMSNorm forward where it applies, else register rows.
+template <typename T, typename W, bool RMS, bool ADD, int VEC>
+cudaError_t launch_fwd_with(const NormFwdParams& p, cudaStream_t stream) {
   const int64_t chunks = (p.cols + VEC - 1) / VEC;
   FwdLaunch launch = rms_two_pass_launch<T, W, RMS, ADD, VEC>(chunks);
-  if (launch.kernel != nullptr) {
-    // RMSNorm rows that take the two-pass forward
-  } else if (chunks <= 32) {
-    launch = {norm_fwd_kernel<T, W, RMS, ADD, true, VEC, 1, kWarpPrefetch, kWarpRowsThreads>, kWarpRowsThreads,
-              kWarpRowsGroups, kWarpPrefetch || kFwdResidentGrid};
-  } else if (chunks <= 64) {
-    launch = {norm_fwd_kernel<T, W, RMS, ADD, true, VEC, 2, kWarpPrefetch, kWarpRowsThreads>, kWarpRowsThreads,
-              kWarpRowsGroups, kWarpPrefetch || kFwdResidentGrid};
-  } else if (ADD && chunks > kAddFwdWideBlockMinChunks && chunks <= 4 * kMaxThreads) {
-    launch = block_rows_launch<T, W, RMS, ADD, VEC, 4, false, 4 * kMaxThreads, kMaxThreads>(chunks);
-  } else if (!RMS && !ADD && chunks >= kLnFwdOneRowWideMinChunks && chunks <= kFwdOneRowMaxChunks) {
-    launch = block_rows_launch<T, W, RMS, ADD, VEC, 8, false, kFwdOneRowMaxChunks>(chunks);
-  } else if (RMS && chunks <= kRmsFwdOneRowNarrowMaxChunks) {
-    launch = block_rows_launch<T, W, RMS, ADD, VEC, 2, false, kFwdOneRowMaxChunks>(chunks);
-  } else if (chunks <= kFwdOneRowMaxChunks) {
-    launch = block_rows_launch<T, W, RMS, ADD, VEC, kFwdOneRowChunks, false, kFwdOneRowMaxChunks>(chunks);
-  } else {
-    launch = block_rows_launch<T, W, RMS, ADD, VEC, kFwdPrefetchChunks, true, int64_t(kBlockRowsThreads) * 8>(chunks);
-  }
+  if (launch.kernel == nullptr) launch = register_rows_launch<T, W, RMS, ADD, VEC>(chunks);
   // Rows past the grid are taken by the kernels' grid-stride loops.
   const int64_t row_groups = std::min<int64_t>((p.rows + launch.groups - 1) / launch.groups, int64_t(1) << 30);
   const int64_t blocks = launch.resident
