@@ -242,7 +242,8 @@ def test_softmax_long_rows(shape, dtype, log):
 # that takes more than 16 blocks, the backward's is 32 KB in 512-thread blocks, and where that
 # does too, either's is 64 KB in 512-thread blocks. Register rows reach 1024 threads (the 16-bit
 # forward 32768, the fp32 forward and the 16-bit backward 16384; the fp32 backward stops at 512
-# threads, 8192). 16-bit clusters of up to 8 blocks and fp32 ones run pipelined. Row lengths
+# threads, 8192). 16-bit clusters of up to 8 blocks and fp32 ones run pipelined, fp32 forward
+# clusters of 9 or more holding each row in registers (131072, 131080, 262144). Row lengths
 # (forward / backward blocks, bf16 then fp32; "reg" for register rows): 8192 (one 512-thread
 # register block), 8200 (reg / reg, 1024 threads; reg / 3, the backward's last block holding 8
 # elements), 20000 (reg / 3; 3 / 5), 32768 (reg / 4; 4 / 8), 40008 (3 / 5; 5 / 10: odd clusters,
@@ -306,7 +307,8 @@ def test_softmax_float64(log):
 # (6000, 128): many blocks of row groups; (5, 1000): groups reaching past the row's end;
 # staged rows (forward / backward blocks, fp16 then fp32): (2, 20000) (fp16 forward in registers,
 # backward 3 blocks; fp32 3 / 5), (1, 70000) (5 / 9; 9 / 9 with 32 KB backward chunks), (2, 140000)
-# (9 / 9 with 32 KB; 9 / 9 with 64 KB chunks, non-portable clusters); (800, 20000) (staged: fp16 backward, fp32 both) and (1600, 8200) (fp32 backward):
+# (9 / 9 with 32 KB; 9 / 9 with 64 KB chunks, non-portable clusters; fp32 forward rows of 9 blocks
+# held in registers); (800, 20000) (staged: fp16 backward, fp32 both) and (1600, 8200) (fp32 backward):
 # more rows than the persistent grid of clusters holds, so clusters loop, each stage refilled and
 # reused under its next phase, each inbox of the cluster exchange reused; the same two shapes run
 # the 1024-thread register rows: persistent (fp16 forward 20000, fp16 backward 8200) over many rows

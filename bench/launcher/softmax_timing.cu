@@ -24,12 +24,13 @@ template <typename T> struct RowTensors {
   }
 };
 
-template <typename T> void time_dtype(DType dtype, const char* label, double copy) {
+template <typename T> void time_dtype(DType dtype, const char* label, double copy, const char* only_n) {
   const size_t size = RowTensors<T>::kSize;
   const RowTensors<T> t;
   const T *x = t.x, *dy = t.dy;
   T *y = t.y, *dx = t.dx;
   for (const int64_t n : {128, 1024, 4096, 8192, 16384, 32768, 65536, 262144}) {
+    if (only_n != nullptr && std::atoll(only_n) != n) continue;
     const int64_t rows = kElements / n;
     const fusedops::SoftmaxParams f{x, y, rows, n, n, 1.0, false};
     const fusedops::SoftmaxBackwardParams b{y, dy, dx, rows, n, n, n, 1.0, false};
@@ -112,16 +113,18 @@ template <typename T> void time_masked(DType dtype, const char* label, double co
 
 }  // namespace
 
-// SOFTMAX_TIMING=masked times the masked cases only, SOFTMAX_TIMING=plain the unmasked ones only.
+// SOFTMAX_TIMING=masked times the masked cases only, SOFTMAX_TIMING=plain the unmasked ones only;
+// SOFTMAX_TIMING_N=n the unmasked rows of length n only (e.g. for one kernel under ncu).
 int main() {
   const char* cases = std::getenv("SOFTMAX_TIMING");
+  const char* only_n = std::getenv("SOFTMAX_TIMING_N");
   const bool masked_only = cases != nullptr && std::strcmp(cases, "masked") == 0;
   const bool plain_only = cases != nullptr && std::strcmp(cases, "plain") == 0;
   const double copy = timing::copy_gbs();
   std::printf("copy %.1f GB/s\n", copy);
   if (!masked_only) {
-    time_dtype<__nv_bfloat16>(DType::BFloat16, "bf16", copy);
-    time_dtype<float>(DType::Float32, "fp32", copy);
+    time_dtype<__nv_bfloat16>(DType::BFloat16, "bf16", copy, only_n);
+    time_dtype<float>(DType::Float32, "fp32", copy, only_n);
   }
   if (!plain_only) {
     time_masked<__nv_bfloat16>(DType::BFloat16, "bf16", copy);

@@ -1510,29 +1510,33 @@ FwdLaunch rms_two_pass_launch(int64_t chunks) {
 // Register rows: a warp per row (4 rows per block) with 1 or 2 chunks per thread up to 64 chunks,
 // else a block per row (see the knobs); past 8 chunks per thread of 512 threads rows stream.
 template <typename T, typename W, bool RMS, bool ADD, int VEC>
-cudaError_t launch_fwd_with(const NormFwdParams& p, cudaStream_t stream) {
+FwdLaunch register_rows_launch(int64_t chunks) {
   constexpr bool kWarpPrefetch = kFwdWarpRowsPrefetch;
+  if (chunks <= 32) {
+    return {norm_fwd_kernel<T, W, RMS, ADD, true, VEC, 1, kWarpPrefetch, kWarpRowsThreads>, kWarpRowsThreads,
+            kWarpRowsGroups, kWarpPrefetch || kFwdResidentGrid};
+  }
+  if (chunks <= 64) {
+    return {norm_fwd_kernel<T, W, RMS, ADD, true, VEC, 2, kWarpPrefetch, kWarpRowsThreads>, kWarpRowsThreads,
+            kWarpRowsGroups, kWarpPrefetch || kFwdResidentGrid};
+  }
+  if (ADD && chunks > kAddFwdWideBlockMinChunks && chunks <= 4 * kMaxThreads)
+    return block_rows_launch<T, W, RMS, ADD, VEC, 4, false, 4 * kMaxThreads, kMaxThreads>(chunks);
+  if (!RMS && !ADD && chunks >= kLnFwdOneRowWideMinChunks && chunks <= kFwdOneRowMaxChunks)
+    return block_rows_launch<T, W, RMS, ADD, VEC, 8, false, kFwdOneRowMaxChunks>(chunks);
+  if (RMS && chunks <= kRmsFwdOneRowNarrowMaxChunks)
+    return block_rows_launch<T, W, RMS, ADD, VEC, 2, false, kFwdOneRowMaxChunks>(chunks);
+  if (chunks <= kFwdOneRowMaxChunks)
+    return block_rows_launch<T, W, RMS, ADD, VEC, kFwdOneRowChunks, false, kFwdOneRowMaxChunks>(chunks);
+  return block_rows_launch<T, W, RMS, ADD, VEC, kFwdPrefetchChunks, true, int64_t(kBlockRowsThreads) * 8>(chunks);
+}
+
+// The two-pass RMSNorm forward where it applies, else register rows.
+template <typename T, typename W, bool RMS, bool ADD, int VEC>
+cudaError_t launch_fwd_with(const NormFwdParams& p, cudaStream_t stream) {
   const int64_t chunks = (p.cols + VEC - 1) / VEC;
   FwdLaunch launch = rms_two_pass_launch<T, W, RMS, ADD, VEC>(chunks);
-  if (launch.kernel != nullptr) {
-    // RMSNorm rows that take the two-pass forward
-  } else if (chunks <= 32) {
-    launch = {norm_fwd_kernel<T, W, RMS, ADD, true, VEC, 1, kWarpPrefetch, kWarpRowsThreads>, kWarpRowsThreads,
-              kWarpRowsGroups, kWarpPrefetch || kFwdResidentGrid};
-  } else if (chunks <= 64) {
-    launch = {norm_fwd_kernel<T, W, RMS, ADD, true, VEC, 2, kWarpPrefetch, kWarpRowsThreads>, kWarpRowsThreads,
-              kWarpRowsGroups, kWarpPrefetch || kFwdResidentGrid};
-  } else if (ADD && chunks > kAddFwdWideBlockMinChunks && chunks <= 4 * kMaxThreads) {
-    launch = block_rows_launch<T, W, RMS, ADD, VEC, 4, false, 4 * kMaxThreads, kMaxThreads>(chunks);
-  } else if (!RMS && !ADD && chunks >= kLnFwdOneRowWideMinChunks && chunks <= kFwdOneRowMaxChunks) {
-    launch = block_rows_launch<T, W, RMS, ADD, VEC, 8, false, kFwdOneRowMaxChunks>(chunks);
-  } else if (RMS && chunks <= kRmsFwdOneRowNarrowMaxChunks) {
-    launch = block_rows_launch<T, W, RMS, ADD, VEC, 2, false, kFwdOneRowMaxChunks>(chunks);
-  } else if (chunks <= kFwdOneRowMaxChunks) {
-    launch = block_rows_launch<T, W, RMS, ADD, VEC, kFwdOneRowChunks, false, kFwdOneRowMaxChunks>(chunks);
-  } else {
-    launch = block_rows_launch<T, W, RMS, ADD, VEC, kFwdPrefetchChunks, true, int64_t(kBlockRowsThreads) * 8>(chunks);
-  }
+  if (launch.kernel == nullptr) launch = register_rows_launch<T, W, RMS, ADD, VEC>(chunks);
   // Rows past the grid are taken by the kernels' grid-stride loops.
   const int64_t row_groups = std::min<int64_t>((p.rows + launch.groups - 1) / launch.groups, int64_t(1) << 30);
   const int64_t blocks = launch.resident

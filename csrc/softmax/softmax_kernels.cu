@@ -1471,6 +1471,14 @@ template <int TENSORS> constexpr const auto& staged_chunks() {
 // butterflies of session 22: forward 65536 83.8 -> 84.8, backward 32768 / 65536 86.7 / 85.3 ->
 // 89.6 / 87.2, but clusters of 16 (N = 262144) lost 1.2 / 0.7 (81.1 / 84.5 -> 79.9 / 83.8).
 template <typename T> constexpr int kPipelinedMaxCluster = sizeof(T) == 2 ? 8 : kStagedMaxCluster;
+// Pipelined fp32 forward clusters of more than this many blocks hold each row's vectors in
+// registers from its reduction to its output (staged_forward_kernel, HOLD), so a row's stage is
+// refilled at its own block barrier instead of the next row's: two stages of the ring in flight
+// rather than one. Launcher timing, H200, session 24, fp32 forward N = 262144 (16 blocks): 82.5 ->
+// 89.8% of copy; at 8 blocks or fewer (N = 32768 / 65536) it lost 0.8 (89.5 / 89.4 -> 88.7 /
+// 88.7), and 16-bit rows (128 registers held, against 72-80) lost 2-4 at N = 65536 and gained
+// nothing pipelined at 262144.
+constexpr int kHeldRowsMinCluster = 9;
 constexpr int kMaxStages = 16;
 // 16-bit rows take the thread's max logit over the raw packed pairs (one __hmax2 per two
 // elements), scaled once, instead of unpacking and scaling each element (see packed_extreme).
@@ -1619,8 +1627,8 @@ __device__ __forceinline__ void run_staged_rows(const StagedSlice<T, VECS, THREA
 #endif
 
 // THREADS: a StagedChunk's threads. PIPELINED: cluster rows as a software pipeline
-// (kPipelinedMaxCluster).
-template <typename T, int VECS, int THREADS, int BLOCKS, bool PIPELINED>
+// (kPipelinedMaxCluster); HOLD: pipelined rows held in registers (kHeldRowsMinCluster).
+template <typename T, int VECS, int THREADS, int BLOCKS, bool PIPELINED, bool HOLD = false>
 __global__ void __launch_bounds__(THREADS, BLOCKS)
     staged_forward_kernel(ForwardArgs<T> a, StagedShape shape) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -1836,39 +1844,59 @@ __global__ void __launch_bounds__(THREADS, BLOCKS)
   };
   // PIPELINED (pipeline_rows): reduce and send row i's (max, sum), then write row i - 1 from its
   // stage (folded rows: from the thread's shift, carried); the stage of row i - 2 is refilled
-  // past row i's barrier.
+  // past row i's barrier. HOLD: row i - 1 from its vectors, carried, and each row's stage refilled
+  // past its own barrier.
   auto pipelined_rows = [&](auto log_tag) {
     [[maybe_unused]] constexpr bool kLog = decltype(log_tag)::value;
-    const auto reduce = [&](int64_t, const auto& at, const auto& slot, const FreedStage& freed) {
+    struct Carry {
+      Shift shift;
+      Vec held[VECS];  // HOLD: the row's vectors (unused, so not kept, otherwise)
+    };
+    const auto reduce = [&](int64_t row, const auto& at, const auto& slot, const FreedStage& freed) {
       ring.wait(at.stage, at.phase);
-      Vec v[VECS];
+      Carry carry;
+      Vec loaded[VECS];
+      // Loaded where they are carried: a copy took 200 moves and 24 registers more.
+      Vec (&v)[VECS] = HOLD ? carry.held : loaded;
       [[maybe_unused]] Words words;
       load_row(at.stage, v, words);
       A extreme = 0;
       A thread_max = max_logit(v, words, &extreme);
-      const Shift shift = thread_shift(thread_max, extreme);
+      carry.shift = thread_shift(thread_max, extreme);
       A sum = 0;
-      for_each_exp(v, shift, [&](int, int, A, A e) { sum += e; });
+      for_each_exp(v, carry.shift, [&](int, int, A, A e) { sum += e; });
       if (sum != sum) thread_max = sum;  // as in rows()
       const MaxSum<A> total =
           staged_block_reduce(MaxSum<A>{thread_max, sum}, MaxSumOp<T>{}, scratch, at.exchange.slot, [&] {
-            if (freed.any) refill(freed.stage, freed.row);
+            if constexpr (HOLD) {
+              refill(at.stage, row);
+            } else if (freed.any) {
+              refill(freed.stage, freed.row);
+            }
           });
       exchange.send(total, slot.slot);
-      return shift;
+      return carry;
     };
-    const auto finish = [&](int64_t row, const auto& at, const auto& slot, const Shift& shift) {
+    const auto finish = [&](int64_t row, const auto& at, const auto& slot, const Carry& carry) {
       const MaxSum<A> total = inbox_reduce(exchange.wait(slot.slot, slot.phase), slice.cluster, MaxSumOp<T>{}, identity);
       const Totals t = totals(total, log_tag);
-      Vec v[VECS];
-      [[maybe_unused]] Words words;
-      load_row(at.stage, v, words);
+      Vec loaded[VECS];
+      if constexpr (!HOLD) {
+        [[maybe_unused]] Words words;
+        load_row(at.stage, loaded, words);
+      }
+      const Vec (&v)[VECS] = HOLD ? carry.held : std::as_const(loaded);
       if constexpr (kFold) {
-        const Rescale r = rescale(shift, t);
-        A y[VECS][VEC];
-        for_each_exp(v, shift,
-                     [&](int i, int j, A d, A e) { y[i][j] = kLog ? d * log_scale - r.offset : e * r.factor; });
-        store_row(row, [&](int i, int j) { return y[i][j]; });
+        // Each vector stored as its exps are taken: a row of fp32 outputs before the stores took
+        // 125 registers, this 72-80 (launcher timing, H200, session 24, bf16 N = 65536: 85.0 ->
+        // 86.7-87.2% of copy).
+        const Rescale r = rescale(carry.shift, t);
+        T* out = a.out + row * a.cols + slice.begin;
+        Vec y;
+        for_each_exp(v, carry.shift, [&](int i, int j, A d, A e) {
+          y.val[j] = from_acc<T>(kLog ? d * log_scale - r.offset : e * r.factor);
+          if (j == VEC - 1) store_vector<T, VEC>(out + slice.column(i), y);
+        });
       } else {
         store_row(row, recomputed(v, t, log_tag));
       }
@@ -2150,10 +2178,11 @@ cudaError_t launch_cluster_wave(Kernel kernel, int64_t rows, int cluster, int th
 // its share of kStagedRingBytes as its stage ring, in dynamic shared memory), each looping over
 // rows, or one cluster per row when there are fewer rows. Cluster rows run `pipelined` (the
 // software-pipelined kernel) up to kPipelinedMaxCluster blocks where the ring holds
-// kPipelineMinStages, single-block rows, longer 16-bit clusters and smaller rings `plain`.
+// kPipelineMinStages, `held` instead (where given) from kHeldRowsMinCluster blocks on, and
+// single-block rows, longer 16-bit clusters and smaller rings `plain`.
 template <typename T, int VECS, int THREADS, int BLOCKS, class Kernel, class Args>
 cudaError_t launch_staged(Kernel plain, Kernel pipelined, const Args& args, int cluster, int tensors,
-                          cudaStream_t stream) {
+                          cudaStream_t stream, Kernel held = nullptr) {
   StagedShape shape;
   shape.cluster = cluster;
   const int64_t chunk_bytes = int64_t(THREADS) * VECS * 16;
@@ -2162,7 +2191,7 @@ cudaError_t launch_staged(Kernel plain, Kernel pipelined, const Args& args, int 
   shape.stages = std::min(kMaxStages, ring_bytes / (tensors * shape.tensor_bytes));
   const int shared_bytes = shape.stages * tensors * shape.tensor_bytes;
   const bool pipeline = cluster > 1 && cluster <= kPipelinedMaxCluster<T> && shape.stages >= kPipelineMinStages;
-  const Kernel kernel = pipeline ? pipelined : plain;
+  const Kernel kernel = !pipeline ? plain : held != nullptr && cluster >= kHeldRowsMinCluster ? held : pipelined;
   return launch_cluster_wave(kernel, args.rows, cluster, THREADS, shared_bytes, stream, args, shape);
 }
 
@@ -2300,9 +2329,12 @@ template <typename T, bool MASKED, bool BACKWARD> struct RowLaunch {
                                                      staged_backward_kernel<T, VECS, THREADS, BLOCKS, true>, args,
                                                      plan.cluster, kTensors, stream);
     } else {
+      // Held rows for fp32 only: 16-bit pipelined clusters stop below kHeldRowsMinCluster.
+      decltype(&staged_forward_kernel<T, VECS, THREADS, BLOCKS, true>) held = nullptr;
+      if constexpr (std::is_same_v<T, float>) held = staged_forward_kernel<T, VECS, THREADS, BLOCKS, true, true>;
       return launch_staged<T, VECS, THREADS, BLOCKS>(staged_forward_kernel<T, VECS, THREADS, BLOCKS, false>,
                                                      staged_forward_kernel<T, VECS, THREADS, BLOCKS, true>, args,
-                                                     plan.cluster, kTensors, stream);
+                                                     plan.cluster, kTensors, stream, held);
     }
   }
   template <int G, int VEC, bool CACHE> cudaError_t streamed() const {
