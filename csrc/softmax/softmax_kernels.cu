@@ -1471,11 +1471,11 @@ template <int TENSORS> constexpr const auto& staged_chunks() {
 // butterflies of session 22: forward 65536 83.8 -> 84.8, backward 32768 / 65536 86.7 / 85.3 ->
 // 89.6 / 87.2, but clusters of 16 (N = 262144) lost 1.2 / 0.7 (81.1 / 84.5 -> 79.9 / 83.8).
 template <typename T> constexpr int kPipelinedMaxCluster = sizeof(T) == 2 ? 8 : kStagedMaxCluster;
-// Pipelined fp32 forward clusters of more than this many blocks hold each row's vectors in
+// Pipelined fp32 forward clusters of at least this many blocks hold each row's vectors in
 // registers from its reduction to its output (staged_forward_kernel, HOLD), so a row's stage is
 // refilled at its own block barrier instead of the next row's: two stages of the ring in flight
-// rather than one. Launcher timing, H200, session 24, fp32 forward N = 262144 (16 blocks): 82.5 ->
-// 89.8% of copy; at 8 blocks or fewer (N = 32768 / 65536) it lost 0.8 (89.5 / 89.4 -> 88.7 /
+// rather than one. Launcher timing, H200, session 24, fp32 forward N = 262144 (16 blocks): 82.8 ->
+// 89.1-89.7% of copy; at 8 blocks or fewer (N = 32768 / 65536) it lost 0.8 (89.5 / 89.4 -> 88.7 /
 // 88.7), and 16-bit rows (128 registers held, against 72-80) lost 2-4 at N = 65536 and gained
 // nothing pipelined at 262144.
 constexpr int kHeldRowsMinCluster = 9;
@@ -1889,7 +1889,7 @@ __global__ void __launch_bounds__(THREADS, BLOCKS)
       if constexpr (kFold) {
         // Each vector stored as its exps are taken: a row of fp32 outputs before the stores took
         // 125 registers, this 72-80 (launcher timing, H200, session 24, bf16 N = 65536: 85.0 ->
-        // 86.7-87.2% of copy).
+        // 86.2-87.2% of copy).
         const Rescale r = rescale(carry.shift, t);
         T* out = a.out + row * a.cols + slice.begin;
         Vec y;
