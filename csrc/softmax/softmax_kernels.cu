@@ -2080,7 +2080,6 @@ int staged_chunk(int64_t cols, const StagedChunk (&chunks)[CHUNKS], int& cluster
   return -1;
 }
 
-
 // per_thread: elements a thread keeps in registers on register and cluster rows. `masked`
 // rows take cluster rows where unmasked ones take staged rows, and streamed rows unless their
 // mask is a vector mask (vector_mask).
