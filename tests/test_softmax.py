@@ -242,15 +242,15 @@ def test_softmax_long_rows(shape, dtype, log):
 # that takes more than 16 blocks, the backward's is 32 KB in 512-thread blocks, and where that
 # does too, either's is 64 KB in 512-thread blocks. Register rows reach 1024 threads (the 16-bit
 # forward 32768, the fp32 forward and the 16-bit backward 16384; the fp32 backward stops at 512
-# threads, 8192). 16-bit clusters of up to 8 blocks and fp32 ones run pipelined, fp32 forward
-# clusters of 9 or more holding each row in registers (131072, 131080, 262144). Row lengths
-# (forward / backward blocks, bf16 then fp32; "reg" for register rows): 8192 (one 512-thread
-# register block), 8200 (reg / reg, 1024 threads; reg / 3, the backward's last block holding 8
-# elements), 20000 (reg / 3; 3 / 5), 32768 (reg / 4; 4 / 8), 40008 (3 / 5; 5 / 10: odd clusters,
-# partial last chunks), 65536 (4 / 8; 8 / 16), 131072 (8 / 16; 16 / 16 with 32 KB), 131080 (9 / 9
-# with 32 KB; 9 / 9 with 64 KB: non-portable clusters), 262144 (16 / 16 with 32 KB; 16 / 16 with
-# 64 KB), 262152 (9 / 9 with 64 KB; streamed), 524288 (16 / 16 with 64 KB; streamed), 524296
-# (streamed).
+# threads, 8192). Forward clusters, 16-bit backward ones of up to 8 blocks and fp32 backward ones
+# run pipelined, fp32 forward clusters of 9 or more holding each row in registers (131072,
+# 131080, 262144). Row lengths (forward / backward blocks, bf16 then fp32; "reg" for register
+# rows): 8192 (one 512-thread register block), 8200 (reg / reg, 1024 threads; reg / 3, the
+# backward's last block holding 8 elements), 20000 (reg / 3; 3 / 5), 32768 (reg / 4; 4 / 8),
+# 40008 (3 / 5; 5 / 10: odd clusters, partial last chunks), 65536 (4 / 8; 8 / 16), 131072 (8 / 16;
+# 16 / 16 with 32 KB), 131080 (9 / 9 with 32 KB; 9 / 9 with 64 KB: non-portable clusters), 262144
+# (16 / 16 with 32 KB; 16 / 16 with 64 KB), 262152 (9 / 9 with 64 KB; streamed), 524288 (16 / 16
+# with 64 KB; streamed), 524296 (streamed).
 MANY_ROW_SHAPES = [(70000, 256), (20000, 1024), (3000, 8192), (4000, 8200), (2000, 20000), (600, 32768), (400, 40008),
                    (300, 65536), (60, 131072), (40, 131080), (30, 262144), (12, 262152), (6, 524288),
                    (4, 524296)]
@@ -277,7 +277,7 @@ def test_staged_rows_negative_and_zero_scale(shape, dtype, scale):
 
 # The staged 16-bit forward takes a thread's exps in one FMA each while its shift's exp argument
 # is under 256 in magnitude, else as (x - shift) * scale: logits of standard deviation 40 put
-# threads on both sides (pipelined clusters at 65536 columns, plain ones at 262144).
+# threads on both sides (pipelined clusters of 4 blocks at 65536 columns, of 16 at 262144).
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape", [(300, 65536), (30, 262144)], ids=str)

@@ -635,27 +635,25 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdPara
     A mean, squares;
     A centered[VPT][VEC];
     if constexpr (kMergedMoments) {  // (so kRecenterEachPass)
-      A sum = 0;
+      // One pass: sums of d = x - the thread's first element and of d^2. Shifted by one of its
+      // own elements, m2 = s2 - s1^2 / n cancels at most n-fold (n (mean - shift)^2 <= n m2).
+      const A shift = x.get(0, 0);
+      A s1 = 0, s2 = 0;
       int count = 0;
 #pragma unroll
       for (int k = 0; k < VPT; ++k) {
         if ((k * group.size + group.lane) * VEC >= cols) continue;
         count += VEC;
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) sum += x.get(k, j);
-      }
-      const A thread_mean = count_ratio(sum, A(count > 1 ? count : 1));
-      forget_values(x);
-      A m2 = 0;
-#pragma unroll
-      for (int k = 0; k < VPT; ++k) {
-        if ((k * group.size + group.lane) * VEC >= cols) continue;
-#pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const A c = x.get(k, j) - thread_mean;
-          m2 += c * c;
+          const A d = x.get(k, j) - shift;
+          s1 += d;
+          s2 += d * d;
         }
       }
+      const A mean_shift = count_ratio(s1, A(count > 1 ? count : 1));
+      const A thread_mean = shift + mean_shift;
+      const A m2 = max(s2 - s1 * mean_shift, A(0));
       const Moments<A> moments = group_moments<WARP_ROWS>(Moments<A>{A(count), thread_mean, m2}, moments_scratch);
       mean = moments.mean;
       squares = moments.m2;

@@ -1459,18 +1459,23 @@ template <int TENSORS> constexpr const auto& staged_chunks() {
     return kBackwardChunks;
   }
 }
-// Cluster rows of up to this many blocks run as a software pipeline (staged_{forward,backward}_kernel,
-// PIPELINED; pipeline_rows in stage_ring.cuh): a block reduces row i and sends its (max, sum) /
-// sum, then waits for row i - 1's (sent an iteration earlier) and writes row i - 1 from its
-// stage, so the exchange's latency and the cluster's drift hide behind a row's work; rows i - 1
-// and i are held (three stages: one in flight). Launcher timing, H200, session 8: fp32 forward
+// Cluster rows of up to this many blocks run as a software pipeline (staged_forward_kernel,
+// staged_backward_kernel's PIPELINED; pipeline_rows in stage_ring.cuh): a block reduces row i
+// and sends its (max, sum) / sum, then waits for row i - 1's (sent an iteration earlier) and
+// writes row i - 1 from its stage, so the exchange's latency and the cluster's drift hide behind
+// a row's work; rows i - 1 and i are held (three stages: one in flight). Launcher timing, H200, session 8: fp32 forward
 // N = 65536 / 262144 81.2 / 69.7 -> 84.8 / 79.0% of copy, backward 16384 90.5 -> 94.2 (level at
 // 65536 and 262144). 16-bit rows lost with it then, forward 65536 / 262144 81.3 / 78.2 -> 78.6 /
 // 74.2 (their kept exps recomputed from the stage) and backward 84.9 / 84.2 -> 83.1 / 80.0.
 // Session 23, with the exps recomputed folded (see staged_forward_kernel) and the (max, sum)
 // butterflies of session 22: forward 65536 83.8 -> 84.8, backward 32768 / 65536 86.7 / 85.3 ->
 // 89.6 / 87.2, but clusters of 16 (N = 262144) lost 1.2 / 0.7 (81.1 / 84.5 -> 79.9 / 83.8).
-template <typename T> constexpr int kPipelinedMaxCluster = sizeof(T) == 2 ? 8 : kStagedMaxCluster;
+// Session 25, with the forward's pipelined output at 72 registers (session 24, was 125): the bf16
+// forward at N = 262144 (16 blocks) 81.4-81.8 -> 83.3; so only the 16-bit backward stops at 8,
+// and the forward has no unpipelined kernel (its staged rows are always clusters of 3-16).
+template <typename T> constexpr int pipelined_max_cluster(int tensors) {
+  return sizeof(T) == 2 && tensors == 2 ? 8 : kStagedMaxCluster;
+}
 // Pipelined fp32 forward clusters of at least this many blocks hold each row's vectors in
 // registers from its reduction to its output (staged_forward_kernel, HOLD), so a row's stage is
 // refilled at its own block barrier instead of the next row's: two stages of the ring in flight
@@ -1626,16 +1631,16 @@ __device__ __forceinline__ void run_staged_rows(const StagedSlice<T, VECS, THREA
 }
 #endif
 
-// THREADS: a StagedChunk's threads. PIPELINED: cluster rows as a software pipeline
-// (kPipelinedMaxCluster); HOLD: pipelined rows held in registers (kHeldRowsMinCluster).
-template <typename T, int VECS, int THREADS, int BLOCKS, bool PIPELINED, bool HOLD = false>
+// THREADS: a StagedChunk's threads. Cluster rows as a software pipeline (pipelined_max_cluster:
+// every forward cluster; launch_staged); HOLD: rows held in registers (kHeldRowsMinCluster).
+template <typename T, int VECS, int THREADS, int BLOCKS, bool HOLD = false>
 __global__ void __launch_bounds__(THREADS, BLOCKS)
     staged_forward_kernel(ForwardArgs<T> a, StagedShape shape) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using A = acc_t<T>;
   constexpr int VEC = kVec16<T>;
   using Vec = AlignedVector<T, VEC>;
-  constexpr int kSlots = PIPELINED ? kPipelineSlots : 2;
+  constexpr int kSlots = kPipelineSlots;
   extern __shared__ uint4 stage_storage[];
   __shared__ uint64_t full[kMaxStages];
   __shared__ MaxSum<A> scratch[2][THREADS / 32];
@@ -1704,16 +1709,19 @@ __global__ void __launch_bounds__(THREADS, BLOCKS)
     }
     return thread_max;
   };
+  // Writes the thread's vector i of `row`'s outputs.
+  auto store_output = [&](int64_t row, int i, const Vec& y) {
+    store_vector<T, VEC>(a.out + row * a.cols + slice.begin + slice.column(i), y);
+  };
   // Writes the thread's outputs of `row`, value(i, j) for element j of vector i.
   auto store_row = [&](int64_t row, auto value) {
-    T* out = a.out + row * a.cols + slice.begin;
 #pragma unroll
     for (int i = 0; i < VECS; ++i) {
       if (slice.column(i) >= slice.len) continue;
       Vec y;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) y.val[j] = from_acc<T>(value(i, j));
-      store_vector<T, VEC>(out + slice.column(i), y);
+      store_output(row, i, y);
     }
   };
   // A row's max and sum over the cluster, as what the output needs: the max (0 for a row without
@@ -1797,55 +1805,10 @@ __global__ void __launch_bounds__(THREADS, BLOCKS)
     return Rescale{shift.empty ? A(0) : exp_acc<T>(shift.max - t.row_max) * t.inv_sum,
                    (t.row_max - shift.max) + t.log_sum};
   };
-  auto rows = [&](auto log_tag) {
-    [[maybe_unused]] constexpr bool kLog = decltype(log_tag)::value;
-    StagedCursor at;
-    for (int64_t row = slice.first; row < a.rows; row += slice.step) {
-      ring.wait(at.stage, at.phase);
-      Vec v[VECS];
-      [[maybe_unused]] Words words;
-      load_row(at.stage, v, words);
-      // The thread's max logit, then its sum of exp(logit - that max).
-      A extreme = 0;
-      A thread_max = max_logit(v, words, &extreme);
-      const Shift shift = thread_shift(thread_max, extreme);
-      // Folded rows keep exp(logit - thread max) (log_softmax: logit - thread max) in fp32
-      // registers for the output, one multiply (subtraction) each there: half the exps, and the
-      // extra rounding vanishes under the 16-bit one. fp32 rows recompute from the raw values
-      // on output, rounding once.
-      [[maybe_unused]] A kept[kFold ? VECS : 1][VEC];
-      A sum = 0;
-      if constexpr (kFold) {
-#pragma unroll
-        for (int i = 0; i < VECS; ++i) opaque(v[i]);  // the logits again rather than 64 live (spills)
-        for_each_exp(v, shift, [&](int i, int j, A d, A e) {
-          sum += e;
-          kept[i][j] = kLog ? d * log_scale : e;
-        });
-      } else {
-        for_each_exp(v, shift, [&](int, int, A, A e) { sum += e; });
-      }
-      // fmaxf skips NaN, but a NaN logit makes the sum NaN: the max carries it on, so the row is NaN.
-      if (sum != sum) thread_max = sum;
-      MaxSum<A> total = staged_block_reduce(MaxSum<A>{thread_max, sum}, MaxSumOp<T>{}, scratch, at.exchange.slot,
-                                            [&] { refill(at.stage, row); });
-      total = cluster_exchange_reduce(exchange, total, MaxSumOp<T>{}, identity, at.exchange.slot, at.exchange.phase);
-      const Totals t = totals(total, log_tag);
-      if constexpr (kFold) {
-        const Rescale r = rescale(shift, t);
-        store_row(row, [&](int i, int j) { return kLog ? kept[i][j] - r.offset : kept[i][j] * r.factor; });
-      } else {
-#pragma unroll
-        for (int i = 0; i < VECS; ++i) opaque(v[i]);
-        store_row(row, recomputed(v, t, log_tag));
-      }
-      at.next(shape.stages);
-    }
-  };
-  // PIPELINED (pipeline_rows): reduce and send row i's (max, sum), then write row i - 1 from its
-  // stage (folded rows: from the thread's shift, carried); the stage of row i - 2 is refilled
-  // past row i's barrier. HOLD: row i - 1 from its vectors, carried, and each row's stage refilled
-  // past its own barrier.
+  // pipeline_rows: reduce and send row i's (max, sum), then write row i - 1 from its stage
+  // (folded rows: from the thread's shift, carried); the stage of row i - 2 is refilled past row
+  // i's barrier. HOLD: row i - 1 from its vectors, carried, and each row's stage refilled past its
+  // own barrier.
   auto pipelined_rows = [&](auto log_tag) {
     [[maybe_unused]] constexpr bool kLog = decltype(log_tag)::value;
     struct Carry {
@@ -1865,7 +1828,8 @@ __global__ void __launch_bounds__(THREADS, BLOCKS)
       carry.shift = thread_shift(thread_max, extreme);
       A sum = 0;
       for_each_exp(v, carry.shift, [&](int, int, A, A e) { sum += e; });
-      if (sum != sum) thread_max = sum;  // as in rows()
+      // fmaxf skips NaN, but a NaN logit makes the sum NaN: the max carries it on, so the row is NaN.
+      if (sum != sum) thread_max = sum;
       const MaxSum<A> total =
           staged_block_reduce(MaxSum<A>{thread_max, sum}, MaxSumOp<T>{}, scratch, at.exchange.slot, [&] {
             if constexpr (HOLD) {
@@ -1891,11 +1855,10 @@ __global__ void __launch_bounds__(THREADS, BLOCKS)
         // 125 registers, this 72-80 (launcher timing, H200, session 24, bf16 N = 65536: 85.0 ->
         // 86.2-87.2% of copy).
         const Rescale r = rescale(carry.shift, t);
-        T* out = a.out + row * a.cols + slice.begin;
         Vec y;
         for_each_exp(v, carry.shift, [&](int i, int j, A d, A e) {
           y.val[j] = from_acc<T>(kLog ? d * log_scale - r.offset : e * r.factor);
-          if (j == VEC - 1) store_vector<T, VEC>(out + slice.column(i), y);
+          if (j == VEC - 1) store_output(row, i, y);
         });
       } else {
         store_row(row, recomputed(v, t, log_tag));
@@ -1903,16 +1866,12 @@ __global__ void __launch_bounds__(THREADS, BLOCKS)
     };
     pipeline_rows(slice.first, slice.step, a.rows, shape.stages, reduce, finish);
   };
-  if constexpr (PIPELINED) {
-    run_staged_rows(slice, shape.stages, a.rows, a.log, fill, pipelined_rows);
-  } else {
-    run_staged_rows(slice, shape.stages, a.rows, a.log, fill, rows);
-  }
+  run_staged_rows(slice, shape.stages, a.rows, a.log, fill, pipelined_rows);
 #endif
 }
 
 // THREADS: a StagedChunk's threads. PIPELINED: cluster rows as a software pipeline
-// (kPipelinedMaxCluster).
+// (pipelined_max_cluster).
 template <typename T, int VECS, int THREADS, int BLOCKS, bool PIPELINED>
 __global__ void __launch_bounds__(THREADS, BLOCKS)
     staged_backward_kernel(BackwardArgs<T> a, StagedShape shape) {
@@ -2176,9 +2135,11 @@ cudaError_t launch_cluster_wave(Kernel kernel, int64_t rows, int cluster, int th
 // Staged rows: one resident wave of clusters (BLOCKS blocks per SM, each with
 // its share of kStagedRingBytes as its stage ring, in dynamic shared memory), each looping over
 // rows, or one cluster per row when there are fewer rows. Cluster rows run `pipelined` (the
-// software-pipelined kernel) up to kPipelinedMaxCluster blocks where the ring holds
+// software-pipelined kernel) up to pipelined_max_cluster blocks where the ring holds
 // kPipelineMinStages, `held` instead (where given) from kHeldRowsMinCluster blocks on, and
-// single-block rows, longer 16-bit clusters and smaller rings `plain`.
+// single-block rows, longer 16-bit backward clusters and smaller rings `plain`; without a plain
+// kernel (the forward's: its staged rows are clusters of at least three blocks with three stages)
+// such rows return cudaErrorNotSupported, which streams them.
 template <typename T, int VECS, int THREADS, int BLOCKS, class Kernel, class Args>
 cudaError_t launch_staged(Kernel plain, Kernel pipelined, const Args& args, int cluster, int tensors,
                           cudaStream_t stream, Kernel held = nullptr) {
@@ -2189,8 +2150,9 @@ cudaError_t launch_staged(Kernel plain, Kernel pipelined, const Args& args, int 
   const int ring_bytes = kStagedRingBytes / BLOCKS;
   shape.stages = std::min(kMaxStages, ring_bytes / (tensors * shape.tensor_bytes));
   const int shared_bytes = shape.stages * tensors * shape.tensor_bytes;
-  const bool pipeline = cluster > 1 && cluster <= kPipelinedMaxCluster<T> && shape.stages >= kPipelineMinStages;
+  const bool pipeline = cluster > 1 && cluster <= pipelined_max_cluster<T>(tensors) && shape.stages >= kPipelineMinStages;
   const Kernel kernel = !pipeline ? plain : held != nullptr && cluster >= kHeldRowsMinCluster ? held : pipelined;
+  if (kernel == nullptr) return cudaErrorNotSupported;
   return launch_cluster_wave(kernel, args.rows, cluster, THREADS, shared_bytes, stream, args, shape);
 }
 
@@ -2328,12 +2290,12 @@ template <typename T, bool MASKED, bool BACKWARD> struct RowLaunch {
                                                      staged_backward_kernel<T, VECS, THREADS, BLOCKS, true>, args,
                                                      plan.cluster, kTensors, stream);
     } else {
-      // Held rows for fp32 only: 16-bit pipelined clusters stop below kHeldRowsMinCluster.
-      decltype(&staged_forward_kernel<T, VECS, THREADS, BLOCKS, true>) held = nullptr;
-      if constexpr (std::is_same_v<T, float>) held = staged_forward_kernel<T, VECS, THREADS, BLOCKS, true, true>;
-      return launch_staged<T, VECS, THREADS, BLOCKS>(staged_forward_kernel<T, VECS, THREADS, BLOCKS, false>,
-                                                     staged_forward_kernel<T, VECS, THREADS, BLOCKS, true>, args,
-                                                     plan.cluster, kTensors, stream, held);
+      using Kernel = decltype(&staged_forward_kernel<T, VECS, THREADS, BLOCKS>);
+      // Held rows for fp32 only (kHeldRowsMinCluster); no plain kernel (see launch_staged).
+      Kernel held = nullptr;
+      if constexpr (std::is_same_v<T, float>) held = staged_forward_kernel<T, VECS, THREADS, BLOCKS, true>;
+      return launch_staged<T, VECS, THREADS, BLOCKS>(Kernel{nullptr}, staged_forward_kernel<T, VECS, THREADS, BLOCKS>,
+                                                     args, plan.cluster, kTensors, stream, held);
     }
   }
   template <int G, int VEC, bool CACHE> cudaError_t streamed() const {
