@@ -637,6 +637,9 @@ __global__ void __launch_bounds__(MAX_THREADS) norm_fwd_kernel(const NormFwdPara
     if constexpr (kMergedMoments) {  // (so kRecenterEachPass)
       // One pass: sums of d = x - the thread's first element and of d^2. Shifted by one of its
       // own elements, m2 = s2 - s1^2 / n cancels at most n-fold (n (mean - shift)^2 <= n m2).
+      // Against a pass for the mean and one for m2 (launcher timing, H200, session 25, bf16):
+      // 1325 -> 1232 instructions in the 8-chunk kernel, N = 32768 84.0-84.8 -> 85.7% of copy,
+      // 16384 level.
       const A shift = x.get(0, 0);
       A s1 = 0, s2 = 0;
       int count = 0;
