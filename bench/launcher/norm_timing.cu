@@ -9,7 +9,7 @@ namespace {
 
 using fusedops::DType;
 using T = __nv_bfloat16;
-constexpr int64_t kElements = int64_t(1) << 26;
+const int64_t kElements = timing::elements("NORM_TIMING_ELEMENTS", int64_t(1) << 26);
 constexpr double kElemBytes = sizeof(T);
 
 double norm_bytes(bool layer, bool add, bool backward, int64_t rows, int64_t n) {
@@ -78,7 +78,8 @@ void time_shape(int64_t n, double copy, bool forward_only, bool stats) {
 }  // namespace
 
 // NORM_TIMING=fwd times the forwards only; NORM_TIMING_N=n the hidden size n only;
-// NORM_TIMING_STATS=none times forwards that do not write mean / rstd (inference).
+// NORM_TIMING_STATS=none times forwards that do not write mean / rstd (inference);
+// NORM_TIMING_ELEMENTS=e tensors of e elements instead of 2^26.
 int main() {
   const char* cases = std::getenv("NORM_TIMING");
   const bool forward_only = cases != nullptr && std::strcmp(cases, "fwd") == 0;

@@ -10,11 +10,11 @@
 namespace {
 
 using fusedops::DType;
-constexpr int64_t kElements = int64_t(1) << 27;
+const int64_t kElements = timing::elements("SOFTMAX_TIMING_ELEMENTS", int64_t(1) << 27);
 
 // The row tensors of a forward and its backward: x (uniform in [-4, 4)), y, dy, dx.
 template <typename T> struct RowTensors {
-  static constexpr size_t kSize = static_cast<size_t>(kElements);
+  static inline const size_t kSize = static_cast<size_t>(kElements);
   T* x = timing::random_buffer<T>(kSize, 1, 4.0f);
   T* y = timing::empty_buffer<T>(kSize);
   T* dy = timing::random_buffer<T>(kSize, 2);
@@ -114,7 +114,8 @@ template <typename T> void time_masked(DType dtype, const char* label, double co
 }  // namespace
 
 // SOFTMAX_TIMING=masked times the masked cases only, SOFTMAX_TIMING=plain the unmasked ones only;
-// SOFTMAX_TIMING_N=n the unmasked rows of length n only (e.g. for one kernel under ncu).
+// SOFTMAX_TIMING_N=n the unmasked rows of length n only (e.g. for one kernel under ncu);
+// SOFTMAX_TIMING_ELEMENTS=e tensors of e elements instead of 2^27.
 int main() {
   const char* cases = std::getenv("SOFTMAX_TIMING");
   const char* only_n = std::getenv("SOFTMAX_TIMING_N");

@@ -24,6 +24,14 @@
 
 namespace timing {
 
+// The element count of the timed tensors: the environment variable `env` where set (e.g. twice
+// the default: two counts in one run split a kernel's time into a fixed cost a call and a
+// streaming rate), else `fallback` (the bars' count).
+inline int64_t elements(const char* env, int64_t fallback) {
+  const char* value = std::getenv(env);
+  return value != nullptr ? std::atoll(value) : fallback;
+}
+
 constexpr size_t kFlushBytes = size_t(256) << 20;
 constexpr long long kCoverCycles = 400000;  // ~0.2 ms: longer than a launcher's host work
 
