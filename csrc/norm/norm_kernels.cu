@@ -244,14 +244,14 @@ template <typename A> struct Moments {
   A n, mean, m2;
 };
 
-// a / b for counts (b >= 1): fp32 through the approximate reciprocal (one MUFU, about an ulp off;
-// the IEEE division is a dozen instructions with a slow path), exact in fp64.
+// a / b for counts (b >= 1) through the approximate reciprocal (one MUFU, about an ulp off; the
+// IEEE division is a dozen instructions with a slow path). fp32 only: merged moments take rows of
+// 64 elements a thread, which only 16-bit data reaches.
 __device__ __forceinline__ float count_ratio(float a, float b) {
   float r;
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b));
   return a * r;
 }
-__device__ __forceinline__ double count_ratio(double a, double b) { return a / b; }
 
 // The moments of a warp's lanes, in every lane, from three butterflies of sums: the count and
 // the sum of the values (so the mean), then m2 = the lanes' m2 plus their counts times their
