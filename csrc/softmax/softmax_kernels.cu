@@ -1463,10 +1463,11 @@ template <int TENSORS> constexpr const auto& staged_chunks() {
 // staged_backward_kernel's PIPELINED; pipeline_rows in stage_ring.cuh): a block reduces row i
 // and sends its (max, sum) / sum, then waits for row i - 1's (sent an iteration earlier) and
 // writes row i - 1 from its stage, so the exchange's latency and the cluster's drift hide behind
-// a row's work; rows i - 1 and i are held (three stages: one in flight). Launcher timing, H200, session 8: fp32 forward
-// N = 65536 / 262144 81.2 / 69.7 -> 84.8 / 79.0% of copy, backward 16384 90.5 -> 94.2 (level at
-// 65536 and 262144). 16-bit rows lost with it then, forward 65536 / 262144 81.3 / 78.2 -> 78.6 /
-// 74.2 (their kept exps recomputed from the stage) and backward 84.9 / 84.2 -> 83.1 / 80.0.
+// a row's work; rows i - 1 and i are held (three stages: one in flight). Launcher timing, H200,
+// session 8: fp32 forward N = 65536 / 262144 81.2 / 69.7 -> 84.8 / 79.0% of copy, backward 16384
+// 90.5 -> 94.2 (level at 65536 and 262144). 16-bit rows lost with it then, forward 65536 /
+// 262144 81.3 / 78.2 -> 78.6 / 74.2 (their kept exps recomputed from the stage) and backward
+// 84.9 / 84.2 -> 83.1 / 80.0.
 // Session 23, with the exps recomputed folded (see staged_forward_kernel) and the (max, sum)
 // butterflies of session 22: forward 65536 83.8 -> 84.8, backward 32768 / 65536 86.7 / 85.3 ->
 // 89.6 / 87.2, but clusters of 16 (N = 262144) lost 1.2 / 0.7 (81.1 / 84.5 -> 79.9 / 83.8).
@@ -2150,7 +2151,8 @@ cudaError_t launch_staged(Kernel plain, Kernel pipelined, const Args& args, int 
   const int ring_bytes = kStagedRingBytes / BLOCKS;
   shape.stages = std::min(kMaxStages, ring_bytes / (tensors * shape.tensor_bytes));
   const int shared_bytes = shape.stages * tensors * shape.tensor_bytes;
-  const bool pipeline = cluster > 1 && cluster <= pipelined_max_cluster<T>(tensors) && shape.stages >= kPipelineMinStages;
+  const bool pipeline =
+      cluster > 1 && cluster <= pipelined_max_cluster<T>(tensors) && shape.stages >= kPipelineMinStages;
   const Kernel kernel = !pipeline ? plain : held != nullptr && cluster >= kHeldRowsMinCluster ? held : pipelined;
   if (kernel == nullptr) return cudaErrorNotSupported;
   return launch_cluster_wave(kernel, args.rows, cluster, THREADS, shared_bytes, stream, args, shape);
