@@ -1641,16 +1641,16 @@ __global__ void __launch_bounds__(THREADS, BLOCKS)
   using A = acc_t<T>;
   constexpr int VEC = kVec16<T>;
   using Vec = AlignedVector<T, VEC>;
-  constexpr int kSlots = kPipelineSlots;
   extern __shared__ uint4 stage_storage[];
   __shared__ uint64_t full[kMaxStages];
   __shared__ MaxSum<A> scratch[2][THREADS / 32];
-  __shared__ alignas(2 * sizeof(A)) MaxSum<A> inbox[kSlots][kStagedMaxCluster];  // st.async.v2: 8-byte aligned
-  __shared__ uint64_t exchange_bars[kSlots];
+  // st.async.v2: 8-byte aligned
+  __shared__ alignas(2 * sizeof(A)) MaxSum<A> inbox[kPipelineSlots][kStagedMaxCluster];
+  __shared__ uint64_t exchange_bars[kPipelineSlots];
   const StagedSlice<T, VECS, THREADS> slice(a.cols, shape.cluster);
   const StageRing ring{reinterpret_cast<char*>(stage_storage), full, shape.stages, shape.tensor_bytes};
   ring.init();
-  const ClusterExchange<MaxSum<A>, kSlots> exchange{inbox, exchange_bars, slice.cluster, slice.rank};
+  const ClusterExchange<MaxSum<A>, kPipelineSlots> exchange{inbox, exchange_bars, slice.cluster, slice.rank};
   exchange.init();
   const uint32_t bytes = static_cast<uint32_t>(slice.len * sizeof(T));
   auto fill = [&](int stage, int64_t row) {  // thread 0
