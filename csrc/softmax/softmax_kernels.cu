@@ -111,6 +111,17 @@ constexpr int kWideClusterThreads = 1024;
 // 92.6 to 81.4. Backward rows of 16384 streamed instead (two passes, the second from L2) lost 37
 // points (bf16) and 5 (fp32, against staged rows; session 23).
 constexpr int kWideRegisterRowBytes = 64;
+// Unmasked fp32 and bf16 backward rows of (kClusterThreads * kRegisterElems, kClusterThreads *
+// kWideBackwardElems] columns (N = 16384) keep kWideBackwardElems of each tensor a thread, in
+// 512-thread blocks (make_plan's cap for them), a row per block: Liger's shape there, where they
+// took staged rows (fp32) or the 1024-thread persistent loop (bf16). Launcher timing, H200,
+// session 27, N = 16384: fp32 94.9 -> 101.2-101.4% of copy (85 registers, one block an SM, as
+// Liger's 86); bf16 97.4 -> 99.2-99.4 with the output's vectors widened again (kRewiden: 60
+// registers, two blocks an SM), 92.5 without (83 registers, one). fp16 rows keep the persistent
+// loop: their widening is a conversion, for which kRewiden has no second form.
+constexpr int kWideBackwardElems = 32;
+template <typename T>
+constexpr bool kWideBackwardRows = std::is_same<T, float>::value || std::is_same<T, __nv_bfloat16>::value;
 constexpr int kMaxCluster = 16;  // blocks per cluster (above 8 is a non-portable size)
 constexpr int kMaxCacheBytes = 96 * 1024;       // shared memory staging of a streamed row
 constexpr int64_t kL2InFlightBytes = 32 << 20;  // rows in flight that the L2 (60 MB) should hold
@@ -312,6 +323,20 @@ __device__ __forceinline__ void widen(const AlignedVector<T, VEC>& v, acc_t<T> (
   } else {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) out[j] = to_acc(v.val[j]);
+  }
+}
+
+// widen's result by byte permutes instead of shifts and masks: ptxas merges a second widening of
+// the same words with the first, so only a different instruction makes it widen them again.
+template <int VEC>
+__device__ __forceinline__ void widen_by_permute(const AlignedVector<__nv_bfloat16, VEC>& v, float (&out)[VEC]) {
+  static_assert(VEC % 2 == 0, "bf16 vectors are whole 32-bit words");
+  uint32_t words[VEC / 2];
+  memcpy(words, v.val, sizeof(words));
+#pragma unroll
+  for (int w = 0; w < VEC / 2; ++w) {
+    out[2 * w] = __uint_as_float(__byte_perm(words[w], 0, 0x1044));      // low half to the top
+    out[2 * w + 1] = __uint_as_float(__byte_perm(words[w], 0, 0x3244));  // top half, low zeroed
   }
 }
 
@@ -1163,6 +1188,11 @@ __global__ void __launch_bounds__(block_threads(G),
   // mask reads, exps and Philox) and by rows without prefetch; plain rows that prefetch remake
   // them from the raw vectors, which take half the registers for 16-bit types.
   constexpr bool kRemake = !MASKED && kPrefetch;
+  // bf16 rows of kWideBackwardElems a thread widen their raw vectors again for the output
+  // (widen_by_permute) rather than keep the widened row through the reduction: 60 registers, two
+  // 512-thread blocks an SM, against 83 and one.
+  constexpr bool kRewiden =
+      !MASKED && !kPrefetch && std::is_same<T, __nv_bfloat16>::value && ITEMS * VEC > kRegisterElems;
   __shared__ A scratch[32];
   __shared__ A slots[2];
   const RowSlice<G, ITEMS, VEC, CLUSTER> slice;
@@ -1272,7 +1302,10 @@ __global__ void __launch_bounds__(block_threads(G),
 #pragma unroll
           for (int j = 0; j < VEC; ++j) v.val[j] = from_acc<T>(A(0));
         } else {
-          if constexpr (kRemake) {
+          if constexpr (kRewiden) {
+            widen_by_permute(cur_a[i], y[i]);
+            widen_by_permute(cur_dy[i], g[i]);
+          } else if constexpr (kRemake) {
             ctx.template prepare<VEC, true>(a, c0, cur_a[i], cur_dy[i], bytes[i], [] { return ~0u; }, y[i], g[i]);
           }
 #pragma unroll
@@ -2420,6 +2453,15 @@ cudaError_t launch_softmax_bwd(const SoftmaxBackwardParams& p, DType dtype, cuda
     const auto args = backward_args<T>(p.y, p.dy, p.dx, p.rows, p.cols, p.y_row_stride, p.dy_row_stride, p.scale, p.log);
     const bool aligned = rows_aligned(p.y, p.y_row_stride, sizeof(T)) &&
                          rows_aligned(p.dy, p.dy_row_stride, sizeof(T)) && is_aligned(p.dx, 16);
+    if constexpr (kWideBackwardRows<T>) {
+      if (p.cols > kClusterThreads * kRegisterElems && p.cols <= kClusterThreads * kWideBackwardElems) {
+        const Plan plan = make_plan<T>(p.cols, aligned, 2, kWideBackwardElems, false);
+        if (plan.items > 0 && plan.group == kClusterThreads) {
+          return dispatch_register_rows<kClusterThreads, kWideBackwardElems / kVec16<T>, kVec16<T>>(
+              plan, BackwardLaunch<T, false>{args, plan, stream});
+        }
+      }
+    }
     const Plan plan = make_plan<T>(p.cols, aligned, 2, kRegisterElems, false);
     return dispatch_plan<T, kRegisterElems>(plan, BackwardLaunch<T, false>{args, plan, stream});
   });
