@@ -332,6 +332,19 @@ def test_softmax_bf16_wide_backward_rows_sanitizer(shape):
         _check_softmax(shape, torch.bfloat16, log, scale=0.9)
 
 
+# Backward rows of 8-16 KB a tensor, re-read from L2 (fp32 N = 2049-4096, 16-bit 4097-8192): the
+# longest over more rows than one wave of blocks holds, and the shortest, whose last vectors are past
+# the row's end (one thread's second vector in 16-bit rows, read two at a time).
+@pytest.mark.gpu
+@pytest.mark.sanitizer
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reach", ["longest", "shortest"])
+def test_softmax_reread_backward_rows_sanitizer(dtype, reach):
+    cols = 16384 // dtype.itemsize if reach == "longest" else 8192 // dtype.itemsize + 16 // dtype.itemsize
+    for log in (False, True):
+        _check_softmax((600 if reach == "longest" else 5, cols), dtype, log, scale=0.9)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cols", [7, 1024, 4096, 40000])

@@ -122,6 +122,19 @@ constexpr int kWideRegisterRowBytes = 64;
 constexpr int kWideBackwardElems = 32;
 template <typename T>
 constexpr bool kWideBackwardRows = std::is_same<T, float>::value || std::is_same<T, __nv_bfloat16>::value;
+// Unmasked backward rows of (kRereadMinRowBytes, kRereadMaxRowBytes] a tensor (fp32 N = 2049-4096,
+// 16-bit N = 4097-8192) take two passes, the second from L2 (reread_backward_kernel, torch.compile's
+// shape): 512-thread blocks of 32 registers, four an SM, holding kRereadUnroll<T> vectors of each
+// tensor at a time. Launcher timing, H200, session 28, three runs, % of copy against the register
+// rows: fp32 N = 4096 101.0-102.1 -> 102.7-103.4 (one vector at a time; two: 101.3-102.4), bf16
+// 8192 98.8-99.2 -> 100.3-101.5 (two; one: level). Elsewhere they lost: bf16 4096 99.6-100.5 ->
+// 95.3 (one) / 88.1 (two), 16384 99.9 -> 93.5-95.1; fp32 8192 102.2 -> 89-92, 16384 102.2 -> 67
+// (rows in flight past the L2); N = 1024 50-80. Without the L2 hints (plain loads) they lost 3-17
+// points more.
+constexpr int kRereadThreads = 512;
+constexpr int kRereadMinRowBytes = 8 * 1024;
+constexpr int kRereadMaxRowBytes = 16 * 1024;
+template <typename T> constexpr int kRereadUnroll = sizeof(T) == 2 ? 2 : 1;
 constexpr int kMaxCluster = 16;  // blocks per cluster (above 8 is a non-portable size)
 constexpr int kMaxCacheBytes = 96 * 1024;       // shared memory staging of a streamed row
 constexpr int64_t kL2InFlightBytes = 32 << 20;  // rows in flight that the L2 (60 MB) should hold
@@ -1449,6 +1462,72 @@ __global__ void __launch_bounds__(block_threads(G)) streamed_backward_kernel(Bac
   }
 }
 
+// One 16-byte store instruction. In reread_backward_kernel the compiler split a stored Vec, or a
+// uint4, into 32-bit stores (and 16-bit ones for 16-bit types: 37% of copy at bf16 N = 4096).
+__device__ __forceinline__ void store_16_bytes(void* ptr, const uint4& v) {
+  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(ptr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
+// Unmasked backward rows of 16-byte vectors in two passes (torch.compile's shape): the first reads
+// the row from HBM asking L2 to keep it (kEvictLast) for the row sum, the second re-reads it from
+// L2 (kEvictFirst) for dx. A thread holds kRereadUnroll<T> vectors of each tensor at a time, not its
+// share of the row, so the blocks stay small in registers and an SM holds more rows in flight.
+template <typename T>
+__global__ void __launch_bounds__(kRereadThreads, 2048 / kRereadThreads) reread_backward_kernel(BackwardArgs<T> a) {
+  using A = acc_t<T>;
+  constexpr int VEC = kVec16<T>;
+  constexpr int UNROLL = kRereadUnroll<T>;
+  using Vec = AlignedVector<T, VEC>;
+  static_assert(sizeof(Vec) == 16, "16-byte vectors");
+  __shared__ A scratch[32];
+  const BackwardRow<T, false> ctx(a, 0, true);
+  const auto keep = l2_policy<L2Hint::kEvictLast>();
+  const auto drop = l2_policy<L2Hint::kEvictFirst>();
+  const int cols = static_cast<int>(a.cols);
+  constexpr int kStride = kRereadThreads * VEC;  // columns between a thread's consecutive vectors
+  for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
+    const T* y_row = a.a + row * a.a_row_stride;
+    const T* dy_row = a.dy + row * a.dy_row_stride;
+    // Calls f(c0, y, g) for each of the thread's vectors, UNROLL of each tensor loaded at once.
+    const auto pass = [&](auto policy, auto f) {
+      for (int base = static_cast<int>(threadIdx.x) * VEC; base < cols; base += kStride * UNROLL) {
+        Vec vy[UNROLL], vdy[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+          const int c0 = base + u * kStride;
+          const uint4 ry = c0 < cols ? load_hinted(y_row + c0, policy) : uint4{};
+          const uint4 rdy = c0 < cols ? load_hinted(dy_row + c0, policy) : uint4{};
+          memcpy(&vy[u], &ry, sizeof(ry));
+          memcpy(&vdy[u], &rdy, sizeof(rdy));
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+          const int c0 = base + u * kStride;
+          if (c0 >= cols) continue;
+          A y[VEC], g[VEC];
+          ctx.template prepare<VEC>(a, c0, vy[u], vdy[u], {}, [] { return 0u; }, y, g);
+          f(c0, y, g);
+        }
+      }
+    };
+    A sum = 0;
+    pass(keep, [&](int, const A(&y)[VEC], const A(&g)[VEC]) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) sum += ctx.partial(a, y[j], g[j]);
+    });
+    sum = group_reduce<kRereadThreads>(sum, SumOp{}, A(0), scratch);
+    pass(drop, [&](int c0, const A(&y)[VEC], const A(&g)[VEC]) {
+      Vec v;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) v.val[j] = from_acc<T>(ctx.grad(a, y[j], g[j], sum));
+      uint4 raw;
+      memcpy(&raw, &v, sizeof(raw));
+      store_16_bytes(a.dx + row * a.cols + c0, raw);
+    });
+  }
+}
+
 // ---- staged rows (sm_90) ----------------------------------------------------------------------
 
 // Long unmasked rows on sm_90: a cluster of `cluster` blocks per row, each owning one chunk of
@@ -2453,6 +2532,14 @@ cudaError_t launch_softmax_bwd(const SoftmaxBackwardParams& p, DType dtype, cuda
     const auto args = backward_args<T>(p.y, p.dy, p.dx, p.rows, p.cols, p.y_row_stride, p.dy_row_stride, p.scale, p.log);
     const bool aligned = rows_aligned(p.y, p.y_row_stride, sizeof(T)) &&
                          rows_aligned(p.dy, p.dy_row_stride, sizeof(T)) && is_aligned(p.dx, 16);
+    if constexpr (!std::is_same<T, double>::value) {
+      const int64_t row_bytes = p.cols * int64_t(sizeof(T));
+      if (aligned && p.cols % kVec16<T> == 0 && row_bytes > kRereadMinRowBytes && row_bytes <= kRereadMaxRowBytes) {
+        const auto blocks = static_cast<unsigned>(row_blocks(p.rows, kRereadThreads));
+        reread_backward_kernel<T><<<blocks, kRereadThreads, 0, stream>>>(args);
+        return cudaGetLastError();
+      }
+    }
     if constexpr (kWideBackwardRows<T>) {
       if (p.cols > kClusterThreads * kRegisterElems && p.cols <= kClusterThreads * kWideBackwardElems) {
         const Plan plan = make_plan<T>(p.cols, aligned, 2, kWideBackwardElems, false);
