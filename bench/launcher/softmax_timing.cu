@@ -1,4 +1,4 @@
-// Launcher timing of the softmax kernels (bench/launcher/timing.cuh): bf16 and fp32, 2^27
+// Launcher timing of the softmax kernels (bench/launcher/timing.cuh): bf16 and fp32 (fp16 on request), 2^27
 // elements, the bars' N (and 8192, 32768); forward bytes x + y, backward y + dy + dx (as bench/softmax.py counts).
 // Masked softmax: [B, H, L, L] scores (2^27 elements, H = 16, 8 at L = 4096), scale 1/8, a [B, 1, L, L] bool mask
 // (read through broadcast strides) or causal, dropout 0 or 0.1; the mask's bytes counted once.
@@ -115,7 +115,8 @@ template <typename T> void time_masked(DType dtype, const char* label, double co
 
 // SOFTMAX_TIMING=masked times the masked cases only, SOFTMAX_TIMING=plain the unmasked ones only;
 // SOFTMAX_TIMING_N=n the unmasked rows of length n only (e.g. for one kernel under ncu);
-// SOFTMAX_TIMING_ELEMENTS=e tensors of e elements instead of 2^27.
+// SOFTMAX_TIMING_ELEMENTS=e tensors of e elements instead of 2^27; SOFTMAX_TIMING_FP16 (set) times
+// the unmasked fp16 rows too.
 int main() {
   const char* cases = std::getenv("SOFTMAX_TIMING");
   const char* only_n = std::getenv("SOFTMAX_TIMING_N");
@@ -126,6 +127,7 @@ int main() {
   if (!masked_only) {
     time_dtype<__nv_bfloat16>(DType::BFloat16, "bf16", copy, only_n);
     time_dtype<float>(DType::Float32, "fp32", copy, only_n);
+    if (std::getenv("SOFTMAX_TIMING_FP16") != nullptr) time_dtype<__half>(DType::Float16, "fp16", copy, only_n);
   }
   if (!plain_only) {
     time_masked<__nv_bfloat16>(DType::BFloat16, "bf16", copy);

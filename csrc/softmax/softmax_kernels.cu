@@ -127,10 +127,10 @@ constexpr bool kWideBackwardRows = std::is_same<T, float>::value || std::is_same
 // shape): 512-thread blocks of 32 registers, four an SM, holding kRereadUnroll<T> vectors of each
 // tensor at a time. Launcher timing, H200, session 28, three runs, % of copy against the register
 // rows: fp32 N = 4096 101.0-102.1 -> 102.7-103.4 (one vector at a time; two: 101.3-102.4), bf16
-// 8192 98.8-99.2 -> 100.3-101.5 (two; one: level). Elsewhere they lost: bf16 4096 99.6-100.5 ->
-// 95.3 (one) / 88.1 (two), 16384 99.9 -> 93.5-95.1; fp32 8192 102.2 -> 89-92, 16384 102.2 -> 67
-// (rows in flight past the L2); N = 1024 50-80. Without the L2 hints (plain loads) they lost 3-17
-// points more.
+// 8192 98.8-99.2 -> 100.3-101.5 (two; one: level), fp16 8192 98.6-98.7 -> 101.0 (one run).
+// Elsewhere they lost: bf16 4096 99.6-100.5 -> 95.3 (one) / 88.1 (two), 16384 99.9 -> 93.5-95.1;
+// fp32 8192 102.2 -> 89-92, 16384 102.2 -> 67 (rows in flight past the L2); N = 1024 50-80.
+// Without the L2 hints (plain loads) they lost 3-17 points more.
 constexpr int kRereadThreads = 512;
 constexpr int kRereadMinRowBytes = 8 * 1024;
 constexpr int kRereadMaxRowBytes = 16 * 1024;
