@@ -856,12 +856,15 @@ constexpr bool register_prefetch() {
 }
 
 // Forward rows without register prefetch hide latency with occupancy. Masked rows ask for at
-// least kMaskedForwardThreadsPerSM resident threads: 768 for 16-bit rows (85 registers a thread;
-// left alone they take up to 93), which they fit without spilling, and 1024 for fp32 rows (64
-// registers, 12-28 bytes of spills). Launcher timing, H200, session 14, [B, 16, L, L], fp32 768 ->
-// 1024: bool mask L = 1024 / 2048 / 4096 87.0 / 79.8 / 75.2 -> 94.3 / 88.1 / 86.5% of copy, with
-// dropout 75.8 / 72.4 / 69.9 -> 84.6 / 82.8 / 82.1, causal with dropout +1 to +6; 16-bit rows
-// mixed with 1024 (without dropout +1 to +2.7, with a bool mask and dropout -1.1 to +0.3). Plain
+// least masked_forward_threads_per_sm resident threads: 1024 for fp32 rows (64 registers, 12-28
+// bytes of spills) and for 16-bit rows of a block (64 registers, no spills), 768 for 16-bit warp
+// rows (85 registers a thread, where left alone they take up to 93; at 1024 they spill 24-52
+// bytes). Launcher timing, H200, session 14, [B, 16, L, L], fp32 768 -> 1024: bool mask L = 1024
+// / 2048 / 4096 87.0 / 79.8 / 75.2 -> 94.3 / 88.1 / 86.5% of copy, with dropout 75.8 / 72.4 /
+// 69.9 -> 84.6 / 82.8 / 82.1, causal with dropout +1 to +6. Session 28, two runs each, bf16 768 ->
+// 1024, L = 2048 / 4096 (rows of 64 / 128 threads): bool mask 90.4 / 89.3-89.4 -> 92.6-92.7 /
+// 90.3, with dropout 74.8-75.0 / 75.5-75.8 -> 76.1-76.5 / 77.6-77.9, causal with dropout
+// 84.9-85.2 / 88.5 -> 87.2-87.5 / 91.8-91.9; warp rows (L = 512 / 1024) level to -1.5. Plain
 // rows are left to ptxas: a full SM (32 registers) measured the same as its choice for 16
 // elements a thread and made 32 spill (H200, session 3). Masked cluster rows would spill and are
 // left free, as is the 16-bit masked backward; the fp32 masked backward takes a bound of
@@ -870,7 +873,9 @@ constexpr bool register_prefetch() {
 // 88.8 / 88.8 / 67.7 -> 83.8 / 94.1 / 92.1 / 91.7% of copy (16-bit rows: level or lower with it;
 // 1024 threads cost it 2-6 points, session 14). 0 leaves ptxas its default (an explicit 1
 // changes its register choices).
-template <typename T> constexpr int kMaskedForwardThreadsPerSM = std::is_same<T, float>::value ? 1024 : 768;
+template <typename T> constexpr int masked_forward_threads_per_sm(int group) {
+  return std::is_same<T, float>::value || group > 32 ? 1024 : 768;
+}
 constexpr int kMaskedBackwardThreadsPerSM = 768;
 __host__ __device__ constexpr int register_min_blocks(int group, bool masked, int cluster, int threads_per_sm) {
   const int threads = block_threads(group);
@@ -997,7 +1002,7 @@ __device__ __forceinline__ void prefetch_row_l2(const Args& a, const T* tensor, 
 // DRAW_ALL: masked rows with dropout and without the causal mask (see kDrawAll).
 template <typename T, int G, int ITEMS, int VEC, bool MASKED, int CLUSTER, bool PERSISTENT, bool ROW_GRID = false,
           bool DRAW_ALL = false>
-__global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKED, CLUSTER, kMaskedForwardThreadsPerSM<T>))
+__global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKED, CLUSTER, masked_forward_threads_per_sm<T>(G)))
     register_forward_kernel(ForwardArgs<T> a) {
   using A = acc_t<T>;
   using Cursor = RowCursor<G, CLUSTER, ROW_GRID>;
