@@ -1,5 +1,6 @@
 // Launcher timing of the norm kernels (bench/launcher/timing.cuh): bf16 input and weight, 2^26
-// elements, the bars' N; bytes counted as bench/norm.py counts them.
+// elements, the bars' N; bytes counted as bench/norm.py counts them. Each backward also prints its
+// partial rows (one row of column sums a block or cluster: the clusters the device holds at once).
 #include "../../csrc/norm/norm_kernels.cu"
 #include "timing.cuh"
 
@@ -58,6 +59,7 @@ void time_shape(int64_t n, double copy, bool forward_only, bool stats) {
       fusedops::NormBwdParams b{dy, add ? dresidual_out : nullptr, add ? residual_out : x, layer ? mean : nullptr,
                                 rstd, weight, dx, dweight, layer ? dbias : nullptr, nullptr, nullptr, rows, n, n, n, n};
       const int64_t blocks = fusedops::norm_bwd_blocks(b, DType::BFloat16, DType::BFloat16, !layer);
+      std::printf("%s_bwd N=%lld: %lld partial rows\n", prefix, static_cast<long long>(n), static_cast<long long>(blocks));
       b.weight_partial = timing::empty_buffer<float>(blocks * n);
       b.bias_partial = layer ? timing::empty_buffer<float>(blocks * n) : nullptr;
       auto backward = [&] {
