@@ -1467,13 +1467,6 @@ __global__ void __launch_bounds__(block_threads(G)) streamed_backward_kernel(Bac
   }
 }
 
-// One 16-byte store instruction. In reread_backward_kernel the compiler split a stored Vec, or a
-// uint4, into 32-bit stores (and 16-bit ones for 16-bit types: 37% of copy at bf16 N = 4096).
-__device__ __forceinline__ void store_16_bytes(void* ptr, const uint4& v) {
-  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(ptr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-               : "memory");
-}
-
 // Unmasked backward rows of 16-byte vectors in two passes (torch.compile's shape): the first reads
 // the row from HBM asking L2 to keep it (kEvictLast) for the row sum, the second re-reads it from
 // L2 (kEvictFirst) for dx. A thread holds kRereadUnroll<T> vectors of each tensor at a time, not its
