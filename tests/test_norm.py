@@ -534,6 +534,33 @@ def test_gpu_backward_bitwise_deterministic(kind, n):
 
 
 @gpu
+@pytest.mark.parametrize("residual_grad", [False, True])
+@pytest.mark.parametrize("n, rows", [(4096, 1000), (32768, 3), (32768, 500)])
+def test_gpu_backward_in_cuda_graph(n, rows, residual_grad):
+    """The backward's launches (staged rows, cluster rows, the column sums launched with
+    programmatic dependent launch) captured in a CUDA graph and replayed on new inputs give the
+    eager call's bits: fewer rows than the grid holds (3) and several rounds of rows (500), with
+    and without add_layer_norm's residual_out gradient."""
+    x, dy, dresidual = (torch.randn(rows, n, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    w, b = (torch.randn(n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    dresidual = dresidual if residual_grad else None
+    _, mean, rstd = ops.layer_norm_fwd(x, [n], w, b, 1e-5)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        ops.layer_norm_bwd(dy, dresidual, x, mean, rstd, [n], w, b)  # warm-up: the plan's attributes
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            captured = ops.layer_norm_bwd(dy, dresidual, x, mean, rstd, [n], w, b)
+    torch.cuda.current_stream().wait_stream(stream)
+    dy.copy_(torch.randn_like(dy))
+    graph.replay()
+    eager = ops.layer_norm_bwd(dy, dresidual, x, mean, rstd, [n], w, b)
+    for g, e in zip(captured, eager):  # captured's memory is only written by the replay
+        assert torch.equal(g, e)
+
+
+@gpu
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
 def test_gpu_fp16_large_sum_of_squares(kind):
     n = 4096
