@@ -332,17 +332,17 @@ def test_softmax_bf16_wide_backward_rows_sanitizer(shape):
         _check_softmax(shape, torch.bfloat16, log, scale=0.9)
 
 
-# Backward rows of 8-16 KB a tensor, re-read from L2 (fp32 N = 2049-4096, 16-bit 4097-8192): the
-# longest over more rows than one wave of blocks holds, and the shortest, whose last vectors are past
-# the row's end (one thread's second vector in 16-bit rows, read two at a time).
+# Backward rows re-read from L2, of 8-16 KB a tensor in 512-thread blocks (fp32 N = 2049-4096,
+# 16-bit 4097-8192) and of 16-32 KB in 1024-thread blocks (fp32 4097-8192, 16-bit 8193-16384): the
+# longest of each over more rows than one wave of blocks holds, and the shortest, whose last
+# vectors are past the row's end (one thread's second vector in 16-bit rows, read two at a time).
 @pytest.mark.gpu
 @pytest.mark.sanitizer
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("reach", ["longest", "shortest"])
-def test_softmax_reread_backward_rows_sanitizer(dtype, reach):
-    cols = 16384 // dtype.itemsize if reach == "longest" else 8192 // dtype.itemsize + 16 // dtype.itemsize
+@pytest.mark.parametrize("row_bytes, rows", [(16384, 600), (8192 + 16, 5), (32768, 600), (16384 + 16, 5)])
+def test_softmax_reread_backward_rows_sanitizer(dtype, row_bytes, rows):
     for log in (False, True):
-        _check_softmax((600 if reach == "longest" else 5, cols), dtype, log, scale=0.9)
+        _check_softmax((rows, row_bytes // dtype.itemsize), dtype, log, scale=0.9)
 
 
 @pytest.mark.gpu

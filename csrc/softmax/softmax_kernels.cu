@@ -111,17 +111,15 @@ constexpr int kWideClusterThreads = 1024;
 // 92.6 to 81.4. Backward rows of 16384 streamed instead (two passes, the second from L2) lost 37
 // points (bf16) and 5 (fp32, against staged rows; session 23).
 constexpr int kWideRegisterRowBytes = 64;
-// Unmasked fp32 and bf16 backward rows of (kClusterThreads * kRegisterElems, kClusterThreads *
+// Unmasked fp32 backward rows of (kClusterThreads * kRegisterElems, kClusterThreads *
 // kWideBackwardElems] columns (N = 16384) keep kWideBackwardElems of each tensor a thread, in
 // 512-thread blocks (make_plan's cap for them), a row per block: Liger's shape there, where they
-// took staged rows (fp32) or the 1024-thread persistent loop (bf16). Launcher timing, H200,
-// session 27, N = 16384: fp32 94.9 -> 101.2-101.4% of copy (85 registers, one block an SM, as
-// Liger's 86); bf16 97.4 -> 99.2-99.4 with the output's vectors widened again (kRewiden: 60
-// registers, two blocks an SM), 92.5 without (83 registers, one). fp16 rows keep the persistent
-// loop: their widening is a conversion, for which kRewiden has no second form.
+// took staged rows. Launcher timing, H200, session 27, N = 16384: 94.9 -> 101.2-101.4% of copy
+// (85 registers, one block an SM, as Liger's 86). (bf16 rows of that width took 99.2-99.4 there
+// with the output's vectors widened again; they take the wide re-read rows below since session
+// 30.)
 constexpr int kWideBackwardElems = 32;
-template <typename T>
-constexpr bool kWideBackwardRows = std::is_same<T, float>::value || std::is_same<T, __nv_bfloat16>::value;
+template <typename T> constexpr bool kWideBackwardRows = std::is_same<T, float>::value;
 // Unmasked backward rows of (kRereadMinRowBytes, kRereadMaxRowBytes] a tensor (fp32 N = 2049-4096,
 // 16-bit N = 4097-8192) take two passes, the second from L2 (reread_backward_kernel, torch.compile's
 // shape): 512-thread blocks of 32 registers, four an SM, holding kRereadUnroll<T> vectors of each
@@ -130,10 +128,20 @@ constexpr bool kWideBackwardRows = std::is_same<T, float>::value || std::is_same
 // 8192 98.8-99.2 -> 100.3-101.5 (two; one: level), fp16 8192 98.6-98.7 -> 101.0 (one run).
 // Elsewhere they lost: bf16 4096 99.6-100.5 -> 95.3 (one) / 88.1 (two), 16384 99.9 -> 93.5-95.1;
 // fp32 8192 102.2 -> 89-92, 16384 102.2 -> 67 (rows in flight past the L2); N = 1024 50-80.
-// Without the L2 hints (plain loads) they lost 3-17 points more.
+// Without the L2 hints (plain loads) they lost 3-17 points more. Rows of (kRereadMaxRowBytes,
+// kRereadWideMaxRowBytes] (fp32 N = 4097-8192, 16-bit 8193-16384) take the same kernel in blocks of
+// kRereadWideThreads (torch.compile's shape at bf16 16384: 32 warps, each thread both vectors of
+// each tensor in one go). Launcher timing, H200, session 30, % of copy, two runs each: bf16 16384
+// 100.0 -> 101.8-101.9 (against the wide register rows), fp16 16384 97.5-97.6 -> 101.6-101.8
+// (against the persistent loop), fp32 8192 level (102.2-102.3 -> 101.3-103.5). 1024-thread blocks
+// lost at the narrower rows (bf16 8192 101.2-101.9 -> 83.9, fp32 4096 103.8 -> 97.9), and bf16
+// 4096 lost in every 512-thread form (8-byte vectors, torch.compile's shape there: 78-82 against
+// 100.6).
 constexpr int kRereadThreads = 512;
+constexpr int kRereadWideThreads = 1024;
 constexpr int kRereadMinRowBytes = 8 * 1024;
 constexpr int kRereadMaxRowBytes = 16 * 1024;
+constexpr int kRereadWideMaxRowBytes = 32 * 1024;
 template <typename T> constexpr int kRereadUnroll = sizeof(T) == 2 ? 2 : 1;
 constexpr int kMaxCluster = 16;  // blocks per cluster (above 8 is a non-portable size)
 constexpr int kMaxCacheBytes = 96 * 1024;       // shared memory staging of a streamed row
@@ -336,20 +344,6 @@ __device__ __forceinline__ void widen(const AlignedVector<T, VEC>& v, acc_t<T> (
   } else {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) out[j] = to_acc(v.val[j]);
-  }
-}
-
-// widen's result by byte permutes instead of shifts and masks: ptxas merges a second widening of
-// the same words with the first, so only a different instruction makes it widen them again.
-template <int VEC>
-__device__ __forceinline__ void widen_by_permute(const AlignedVector<__nv_bfloat16, VEC>& v, float (&out)[VEC]) {
-  static_assert(VEC % 2 == 0, "bf16 vectors are whole 32-bit words");
-  uint32_t words[VEC / 2];
-  memcpy(words, v.val, sizeof(words));
-#pragma unroll
-  for (int w = 0; w < VEC / 2; ++w) {
-    out[2 * w] = __uint_as_float(__byte_perm(words[w], 0, 0x1044));      // low half to the top
-    out[2 * w + 1] = __uint_as_float(__byte_perm(words[w], 0, 0x3244));  // top half, low zeroed
   }
 }
 
@@ -1206,11 +1200,6 @@ __global__ void __launch_bounds__(block_threads(G),
   // mask reads, exps and Philox) and by rows without prefetch; plain rows that prefetch remake
   // them from the raw vectors, which take half the registers for 16-bit types.
   constexpr bool kRemake = !MASKED && kPrefetch;
-  // bf16 rows of kWideBackwardElems a thread widen their raw vectors again for the output
-  // (widen_by_permute) rather than keep the widened row through the reduction: 60 registers, two
-  // 512-thread blocks an SM, against 83 and one.
-  constexpr bool kRewiden =
-      !MASKED && !kPrefetch && std::is_same<T, __nv_bfloat16>::value && ITEMS * VEC > kRegisterElems;
   __shared__ A scratch[32];
   __shared__ A slots[2];
   const RowSlice<G, ITEMS, VEC, CLUSTER> slice;
@@ -1320,10 +1309,7 @@ __global__ void __launch_bounds__(block_threads(G),
 #pragma unroll
           for (int j = 0; j < VEC; ++j) v.val[j] = from_acc<T>(A(0));
         } else {
-          if constexpr (kRewiden) {
-            widen_by_permute(cur_a[i], y[i]);
-            widen_by_permute(cur_dy[i], g[i]);
-          } else if constexpr (kRemake) {
+          if constexpr (kRemake) {
             ctx.template prepare<VEC, true>(a, c0, cur_a[i], cur_dy[i], bytes[i], [] { return ~0u; }, y[i], g[i]);
           }
 #pragma unroll
@@ -1471,8 +1457,8 @@ __global__ void __launch_bounds__(block_threads(G)) streamed_backward_kernel(Bac
 // the row from HBM asking L2 to keep it (kEvictLast) for the row sum, the second re-reads it from
 // L2 (kEvictFirst) for dx. A thread holds kRereadUnroll<T> vectors of each tensor at a time, not its
 // share of the row, so the blocks stay small in registers and an SM holds more rows in flight.
-template <typename T>
-__global__ void __launch_bounds__(kRereadThreads, 2048 / kRereadThreads) reread_backward_kernel(BackwardArgs<T> a) {
+template <typename T, int THREADS>
+__global__ void __launch_bounds__(THREADS, 2048 / THREADS) reread_backward_kernel(BackwardArgs<T> a) {
   using A = acc_t<T>;
   constexpr int VEC = kVec16<T>;
   constexpr int UNROLL = kRereadUnroll<T>;
@@ -1483,7 +1469,7 @@ __global__ void __launch_bounds__(kRereadThreads, 2048 / kRereadThreads) reread_
   const auto keep = l2_policy<L2Hint::kEvictLast>();
   const auto drop = l2_policy<L2Hint::kEvictFirst>();
   const int cols = static_cast<int>(a.cols);
-  constexpr int kStride = kRereadThreads * VEC;  // columns between a thread's consecutive vectors
+  constexpr int kStride = THREADS * VEC;  // columns between a thread's consecutive vectors
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
     const T* y_row = a.a + row * a.a_row_stride;
     const T* dy_row = a.dy + row * a.dy_row_stride;
@@ -1514,7 +1500,7 @@ __global__ void __launch_bounds__(kRereadThreads, 2048 / kRereadThreads) reread_
 #pragma unroll
       for (int j = 0; j < VEC; ++j) sum += ctx.partial(a, y[j], g[j]);
     });
-    sum = group_reduce<kRereadThreads>(sum, SumOp{}, A(0), scratch);
+    sum = group_reduce<THREADS>(sum, SumOp{}, A(0), scratch);
     pass(drop, [&](int c0, const A(&y)[VEC], const A(&g)[VEC]) {
       Vec v;
 #pragma unroll
@@ -2532,9 +2518,14 @@ cudaError_t launch_softmax_bwd(const SoftmaxBackwardParams& p, DType dtype, cuda
                          rows_aligned(p.dy, p.dy_row_stride, sizeof(T)) && is_aligned(p.dx, 16);
     if constexpr (!std::is_same<T, double>::value) {
       const int64_t row_bytes = p.cols * int64_t(sizeof(T));
-      if (aligned && p.cols % kVec16<T> == 0 && row_bytes > kRereadMinRowBytes && row_bytes <= kRereadMaxRowBytes) {
+      if (aligned && p.cols % kVec16<T> == 0 && row_bytes > kRereadMinRowBytes &&
+          row_bytes <= kRereadWideMaxRowBytes) {
         const auto blocks = static_cast<unsigned>(row_blocks(p.rows, kRereadThreads));
-        reread_backward_kernel<T><<<blocks, kRereadThreads, 0, stream>>>(args);
+        if (row_bytes <= kRereadMaxRowBytes) {
+          reread_backward_kernel<T, kRereadThreads><<<blocks, kRereadThreads, 0, stream>>>(args);
+        } else {
+          reread_backward_kernel<T, kRereadWideThreads><<<blocks, kRereadWideThreads, 0, stream>>>(args);
+        }
         return cudaGetLastError();
       }
     }
