@@ -322,16 +322,6 @@ def test_softmax_small_cases_sanitizer(shape):
         _check_softmax(shape, torch.float32, log)
 
 
-# The bf16 backward's 512-thread rows of 32 elements a thread, which widen their vectors twice
-# (the reduction's and the output's): a full row and one whose last vectors are past its end.
-@pytest.mark.gpu
-@pytest.mark.sanitizer
-@pytest.mark.parametrize("shape", [(300, 16384), (5, 8200)], ids=str)
-def test_softmax_bf16_wide_backward_rows_sanitizer(shape):
-    for log in (False, True):
-        _check_softmax(shape, torch.bfloat16, log, scale=0.9)
-
-
 # Backward rows re-read from L2, of 8-16 KB a tensor in 512-thread blocks (fp32 N = 2049-4096,
 # 16-bit 4097-8192) and of 16-32 KB in 1024-thread blocks (fp32 4097-8192, 16-bit 8193-16384): the
 # longest of each over more rows than one wave of blocks holds, and the shortest, whose last
