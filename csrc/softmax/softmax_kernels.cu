@@ -135,8 +135,8 @@ template <typename T> constexpr bool kWideBackwardRows = std::is_same<T, float>:
 // 100.0 -> 101.8-101.9 (against the wide register rows), fp16 16384 97.5-97.6 -> 101.6-101.8
 // (against the persistent loop), fp32 8192 level (102.2-102.3 -> 101.3-103.5). 1024-thread blocks
 // lost at the narrower rows (bf16 8192 101.2-101.9 -> 83.9, fp32 4096 103.8 -> 97.9), and bf16
-// 4096 lost in every 512-thread form (8-byte vectors, torch.compile's shape there: 78-82 against
-// 100.6).
+// 4096 lost in every 512-thread form (8-byte vectors, one of inductor's picks there: 78-82 against
+// 100.6; its other pick, one 16-byte vector, is the 95.3 above: docs/softmax.md says why).
 constexpr int kRereadThreads = 512;
 constexpr int kRereadWideThreads = 1024;
 constexpr int kRereadMinRowBytes = 8 * 1024;
