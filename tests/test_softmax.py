@@ -322,14 +322,18 @@ def test_softmax_small_cases_sanitizer(shape):
         _check_softmax(shape, torch.float32, log)
 
 
-# Backward rows re-read from L2, of 8-16 KB a tensor in 512-thread blocks (fp32 N = 2049-4096,
-# 16-bit 4097-8192) and of 16-32 KB in 1024-thread blocks (fp32 4097-8192, 16-bit 8193-16384): the
-# longest of each over more rows than one wave of blocks holds, and the shortest, whose last
-# vectors are past the row's end (one thread's second vector in 16-bit rows, read two at a time).
+# Backward rows of exactly 8 KB a tensor (16-bit: one 16-byte vector a thread of a 512-thread
+# block; fp32: register rows), and rows re-read from L2, of 8-16 KB a tensor in 512-thread blocks
+# (fp32 N = 2049-4096, 16-bit 4097-8192) and of 16-32 KB in 1024-thread blocks (fp32 4097-8192,
+# 16-bit 8193-16384): the longest of each over more rows than one wave of blocks holds, and the
+# shortest, whose last vectors are past the row's end (one thread's second vector in 16-bit rows,
+# read two at a time).
 @pytest.mark.gpu
 @pytest.mark.sanitizer
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("row_bytes, rows", [(16384, 600), (8192 + 16, 5), (32768, 600), (16384 + 16, 5)])
+@pytest.mark.parametrize("row_bytes, rows",
+                         [(8192, 600), (16384, 600), (32768, 600), (8192 + 16, 5), (16384 - 16, 600),
+                          (16384 + 16, 5), (32768 - 16, 600)])
 def test_softmax_reread_backward_rows_sanitizer(dtype, row_bytes, rows):
     for log in (False, True):
         _check_softmax((rows, row_bytes // dtype.itemsize), dtype, log, scale=0.9)
