@@ -1453,6 +1453,18 @@ __global__ void __launch_bounds__(block_threads(G)) streamed_backward_kernel(Bac
   }
 }
 
+// Writes dx of a 16-byte vector of a backward row at column c0 from its y, g and the row's sum.
+template <typename T, int VEC, class Row>
+__device__ __forceinline__ void store_grad_vector(const Row& ctx, const BackwardArgs<T>& a, int64_t row, int c0,
+                                                  const acc_t<T> (&y)[VEC], const acc_t<T> (&g)[VEC], acc_t<T> sum) {
+  AlignedVector<T, VEC> v;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) v.val[j] = from_acc<T>(ctx.grad(a, y[j], g[j], sum));
+  uint4 raw;
+  memcpy(&raw, &v, sizeof(raw));
+  store_16_bytes(a.dx + row * a.cols + c0, raw);
+}
+
 // Unmasked backward rows of 16-byte vectors in two passes (torch.compile's shape): the first reads
 // the row from HBM asking L2 to keep it (kEvictLast) for the row sum, the second re-reads it from
 // L2 (kEvictFirst) for dx. A thread holds kRereadUnroll<T> vectors of each tensor at a time, not its
@@ -1502,12 +1514,7 @@ __global__ void __launch_bounds__(THREADS, 2048 / THREADS) reread_backward_kerne
     });
     sum = group_reduce<THREADS>(sum, SumOp{}, A(0), scratch);
     pass(drop, [&](int c0, const A(&y)[VEC], const A(&g)[VEC]) {
-      Vec v;
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) v.val[j] = from_acc<T>(ctx.grad(a, y[j], g[j], sum));
-      uint4 raw;
-      memcpy(&raw, &v, sizeof(raw));
-      store_16_bytes(a.dx + row * a.cols + c0, raw);
+      store_grad_vector<T, VEC>(ctx, a, row, c0, y, g, sum);
     });
   }
 }
@@ -1537,12 +1544,7 @@ __global__ void __launch_bounds__(THREADS, 2048 / THREADS) vector_backward_kerne
 #pragma unroll
   for (int j = 0; j < VEC; ++j) sum += ctx.partial(a, y[j], g[j]);
   sum = group_reduce<THREADS>(sum, SumOp{}, A(0), scratch);
-  Vec v;
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) v.val[j] = from_acc<T>(ctx.grad(a, y[j], g[j], sum));
-  uint4 raw;
-  memcpy(&raw, &v, sizeof(raw));
-  store_16_bytes(a.dx + row * a.cols + c0, raw);
+  store_grad_vector<T, VEC>(ctx, a, row, c0, y, g, sum);
 }
 
 // ---- staged rows (sm_90) ----------------------------------------------------------------------
