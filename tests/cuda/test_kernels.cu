@@ -1,5 +1,6 @@
 // Kernel tests without torch (built by CMake, run by ctest; needs a GPU to pass). Each case
 // fills inputs on the host, runs a launcher on device memory and compares with a host loop.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "../../csrc/elementwise/elementwise.h"
+#include "../../csrc/softmax/softmax.h"
 
 namespace {
 
@@ -83,6 +85,54 @@ bool test_swiglu(size_t n) {
   return true;
 }
 
+// The bf16 softmax backward dx = y * (dy - sum(y * dy)) against a double-precision host loop on
+// the same bf16 inputs: rows of 1001 columns (unaligned rows: the scalar path), 4096 (the
+// straight-line 8 KB rows), 8192 and 16384 (the re-read rows of 512- and 1024-thread blocks). dx may
+// be off by its bf16 rounding (2^-9 relative, allowed twice) plus the fp32 row sum's error.
+bool test_softmax_backward_bf16(int rows, int cols) {
+  const size_t n = size_t(rows) * cols;
+  const std::vector<float> y_values = random_values(n, 5), dy_values = random_values(n, 6);
+  std::vector<__nv_bfloat16> y(n), dy(n), dx(n);
+  for (size_t i = 0; i < n; ++i) {
+    y[i] = __float2bfloat16(std::fabs(y_values[i]) / 2.0f);  // probabilities' range, [0, 1)
+    dy[i] = __float2bfloat16(dy_values[i]);
+  }
+  __nv_bfloat16 *dev_y, *dev_dy, *dev_dx;
+  const size_t bytes = n * sizeof(__nv_bfloat16);
+  CHECK_CUDA(cudaMalloc(&dev_y, bytes));
+  CHECK_CUDA(cudaMalloc(&dev_dy, bytes));
+  CHECK_CUDA(cudaMalloc(&dev_dx, bytes));
+  CHECK_CUDA(cudaMemcpy(dev_y, y.data(), bytes, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dev_dy, dy.data(), bytes, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemset(dev_dx, 0xff, bytes));  // NaN poison
+  const fusedops::SoftmaxBackwardParams p{dev_y, dev_dy, dev_dx, rows, cols, cols, cols, 1.0, false};
+  CHECK_CUDA(fusedops::launch_softmax_bwd(p, fusedops::DType::BFloat16, nullptr));
+  CHECK_CUDA(cudaMemcpy(dx.data(), dev_dx, bytes, cudaMemcpyDeviceToHost));
+  cudaFree(dev_y);
+  cudaFree(dev_dy);
+  cudaFree(dev_dx);
+  for (int r = 0; r < rows; ++r) {
+    const size_t row = size_t(r) * cols;
+    double sum = 0, magnitude = 0;
+    for (int c = 0; c < cols; ++c) {
+      const double yc = __bfloat162float(y[row + c]), dyc = __bfloat162float(dy[row + c]);
+      sum += yc * dyc;
+      magnitude += std::fabs(yc * dyc);
+    }
+    for (int c = 0; c < cols; ++c) {
+      const double yc = __bfloat162float(y[row + c]);
+      const double expected = yc * (__bfloat162float(dy[row + c]) - sum);
+      const double got = __bfloat162float(dx[row + c]);
+      if (!(std::fabs(got - expected) <= std::fabs(expected) / 128.0 + yc * magnitude * 1e-5)) {
+        std::fprintf(stderr, "softmax backward bf16 %dx%d: dx[%d][%d] = %g, expected %g\n", rows, cols, r, c, got,
+                     expected);
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 int main() {
@@ -91,7 +141,8 @@ int main() {
     std::fprintf(stderr, "test_kernels: no CUDA device\n");
     return 1;
   }
-  const bool ok = test_scale_bias(3, 7) && test_scale_bias(129, 1024) && test_swiglu(1) && test_swiglu(100003);
+  bool ok = test_scale_bias(3, 7) && test_scale_bias(129, 1024) && test_swiglu(1) && test_swiglu(100003);
+  for (const int cols : {1001, 4096, 8192, 16384}) ok = ok && test_softmax_backward_bf16(600, cols);
   std::printf("test_kernels: %s\n", ok ? "passed" : "FAILED");
   return ok ? 0 : 1;
 }
