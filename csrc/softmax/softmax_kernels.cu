@@ -138,6 +138,9 @@ template <typename T> constexpr bool kWideBackwardRows = std::is_same<T, float>:
 // 4096 lost in every 512-thread form (8-byte vectors, one of inductor's picks there: 78-82 against
 // 100.6; its other pick, one 16-byte vector, is the 95.3 above: docs/softmax.md says why).
 constexpr int kRereadThreads = 512;
+// 16-bit backward rows of exactly this many 16-byte vectors a tensor (N = 4096) take
+// vector_backward_kernel: one vector a thread, one row a block of this many threads.
+constexpr int kVectorRowThreads = 512;
 constexpr int kRereadWideThreads = 1024;
 constexpr int kRereadMinRowBytes = 8 * 1024;
 constexpr int kRereadMaxRowBytes = 16 * 1024;
@@ -2554,8 +2557,9 @@ cudaError_t launch_softmax_bwd(const SoftmaxBackwardParams& p, DType dtype, cuda
     if constexpr (!std::is_same<T, double>::value) {
       const int64_t row_bytes = p.cols * int64_t(sizeof(T));
       if constexpr (sizeof(T) == 2) {
-        if (aligned && row_bytes == kRereadThreads * 16) {
-          vector_backward_kernel<T, kRereadThreads><<<static_cast<unsigned>(p.rows), kRereadThreads, 0, stream>>>(args);
+        if (aligned && row_bytes == kVectorRowThreads * int64_t(sizeof(uint4))) {
+          vector_backward_kernel<T, kVectorRowThreads>
+              <<<static_cast<unsigned>(p.rows), kVectorRowThreads, 0, stream>>>(args);
           return cudaGetLastError();
         }
       }
