@@ -1522,13 +1522,29 @@ __global__ void __launch_bounds__(THREADS, 2048 / THREADS) reread_backward_kerne
   }
 }
 
+// y and dy of a 16-byte vector of an unmasked backward row, loaded under `policy` and prepared.
+template <typename T, int VEC, class Row, class Policy>
+__device__ __forceinline__ void load_backward_vector(const Row& ctx, const BackwardArgs<T>& a, int c0, const T* y_ptr,
+                                                     const T* dy_ptr, Policy policy, acc_t<T> (&y)[VEC],
+                                                     acc_t<T> (&g)[VEC]) {
+  const uint4 ry = load_hinted(y_ptr, policy), rdy = load_hinted(dy_ptr, policy);
+  AlignedVector<T, VEC> vy, vdy;
+  memcpy(&vy, &ry, sizeof(ry));
+  memcpy(&vdy, &rdy, sizeof(rdy));
+  ctx.template prepare<VEC>(a, c0, vy, vdy, {}, [] { return 0u; }, y, g);
+}
+
 // Unmasked 16-bit backward rows of exactly THREADS 16-byte vectors a tensor (N = 4096 at 512
-// threads): one row a block, a thread's vector of y and of dy held in registers across the row's
-// reduction; straight-line code, so a thread's loads are its first instructions (the register
-// rows' grid-stride loop spent about 55 instructions before its first load, session 31 SASS).
-// Launcher timing, H100, session 32, two runs each: bf16 99.8-99.9 -> 100.3% of copy, fp16
-// 99.8-100.0 -> 100.2-100.4. Two vectors a thread for the 16 and 32 KB rows lost: bf16 -0.5,
-// fp16 -19 (spills at the 32-register bound).
+// threads): one row a block, one vector of y and of dy a thread, read twice as in
+// reread_backward_kernel (under evict_last for the row sum, again under evict_first for dx: the
+// row's lines leave L2 first once used); straight-line code, so a thread's loads are its first
+// instructions (the register rows' grid-stride loop spent about 55 instructions before its first
+// load, session 31 SASS). This is torch.compile's kernel there. Launcher timing, H100, % of copy:
+// session 32, the vectors held in registers across the reduction instead of re-read: bf16
+// 99.8-99.9 -> 100.3, fp16 99.8-100.0 -> 100.2-100.4; session 33, re-read against held, two runs
+// each: bf16 100.6 -> 101.4, fp16 100.5-100.6 -> 101.3-101.5 (one load under evict_first, held:
+// 98.8-98.9). Two vectors a thread for the 16 and 32 KB rows lost: bf16 -0.5, fp16 -19 (spills
+// at the 32-register bound).
 template <typename T, int THREADS>
 __global__ void __launch_bounds__(THREADS, 2048 / THREADS) vector_backward_kernel(BackwardArgs<T> a) {
   using A = acc_t<T>;
@@ -1539,14 +1555,15 @@ __global__ void __launch_bounds__(THREADS, 2048 / THREADS) vector_backward_kerne
   const BackwardRow<T, false> ctx(a, 0, true);
   const int64_t row = blockIdx.x;
   const int c0 = static_cast<int>(threadIdx.x) * VEC;
-  const Vec vy = load_vector<T, VEC>(a.a + row * a.a_row_stride + c0);
-  const Vec vdy = load_vector<T, VEC>(a.dy + row * a.dy_row_stride + c0);
+  const T* y_ptr = a.a + row * a.a_row_stride + c0;
+  const T* dy_ptr = a.dy + row * a.dy_row_stride + c0;
   A y[VEC], g[VEC];
-  ctx.template prepare<VEC>(a, c0, vy, vdy, {}, [] { return 0u; }, y, g);
+  load_backward_vector(ctx, a, c0, y_ptr, dy_ptr, l2_policy<L2Hint::kEvictLast>(), y, g);
   A sum = 0;
 #pragma unroll
   for (int j = 0; j < VEC; ++j) sum += ctx.partial(a, y[j], g[j]);
   sum = group_reduce<THREADS>(sum, SumOp{}, A(0), scratch);
+  load_backward_vector(ctx, a, c0, y_ptr, dy_ptr, l2_policy<L2Hint::kEvictFirst>(), y, g);
   store_grad_vector<T, VEC>(ctx, a, row, c0, y, g, sum);
 }
 
