@@ -141,6 +141,8 @@ constexpr int kRereadThreads = 512;
 // 16-bit backward rows of exactly this many 16-byte vectors a tensor (N = 4096) take
 // vector_backward_kernel: one vector a thread, one row a block of this many threads.
 constexpr int kVectorRowThreads = 512;
+// Most blocks a grid over rows launches (longer row counts loop over rows).
+constexpr int64_t kMaxRowGrid = int64_t(1) << 30;
 constexpr int kRereadWideThreads = 1024;
 constexpr int kRereadMinRowBytes = 8 * 1024;
 constexpr int kRereadMaxRowBytes = 16 * 1024;
@@ -1529,6 +1531,7 @@ __device__ __forceinline__ void load_backward_vector(const Row& ctx, const Backw
                                                      acc_t<T> (&g)[VEC]) {
   const uint4 ry = load_hinted(y_ptr, policy), rdy = load_hinted(dy_ptr, policy);
   AlignedVector<T, VEC> vy, vdy;
+  static_assert(sizeof(vy) == sizeof(ry), "16-byte vectors");
   memcpy(&vy, &ry, sizeof(ry));
   memcpy(&vdy, &rdy, sizeof(rdy));
   ctx.template prepare<VEC>(a, c0, vy, vdy, {}, [] { return 0u; }, y, g);
@@ -1549,8 +1552,6 @@ template <typename T, int THREADS>
 __global__ void __launch_bounds__(THREADS, 2048 / THREADS) vector_backward_kernel(BackwardArgs<T> a) {
   using A = acc_t<T>;
   constexpr int VEC = kVec16<T>;
-  using Vec = AlignedVector<T, VEC>;
-  static_assert(sizeof(Vec) == 16, "16-byte vectors");
   __shared__ A scratch[32];
   const BackwardRow<T, false> ctx(a, 0, true);
   const int64_t row = blockIdx.x;
@@ -2159,7 +2160,7 @@ int sm_count() { return std::max(device_attribute(cudaDevAttrMultiProcessorCount
 // Blocks for a grid-stride loop over rows.
 int64_t row_blocks(int64_t rows, int group) {
   const int64_t per_block = group <= 32 ? kSmallGroupBlock / group : 1;
-  return std::max<int64_t>(std::min<int64_t>((rows + per_block - 1) / per_block, int64_t(1) << 30), 1);
+  return std::max<int64_t>(std::min<int64_t>((rows + per_block - 1) / per_block, kMaxRowGrid), 1);
 }
 
 // Which row strategy a shape takes.
@@ -2528,7 +2529,7 @@ dim3 row_grid(const MaskLayout& m, const Plan& plan, int64_t rows, int64_t cols,
   const int64_t inner = m.lead_sizes[kInner], shared = m.lead_sizes[kShared];
   const bool one_row_blocks = plan.items > 0 && plan.cluster == 1 && !plan.persistent && plan.group > 32;
   if (m.kind == MaskKind::None || !one_row_blocks || m.lead_strides[kInner] == 0 || shared == 1 ||
-      m.lead_strides[kShared] != 0 || rows > (int64_t(1) << 30) ||
+      m.lead_strides[kShared] != 0 || rows > kMaxRowGrid ||
       inner * cols * int64_t(sizeof(T)) * row_tensors < kL2InFlightBytes) {
     return dim3(0, 1, 1);
   }
@@ -2574,7 +2575,8 @@ cudaError_t launch_softmax_bwd(const SoftmaxBackwardParams& p, DType dtype, cuda
     if constexpr (!std::is_same<T, double>::value) {
       const int64_t row_bytes = p.cols * int64_t(sizeof(T));
       if constexpr (sizeof(T) == 2) {
-        if (aligned && row_bytes == kVectorRowThreads * int64_t(sizeof(uint4))) {
+        // A block a row: longer grids than row_blocks allows take the register rows' loop.
+        if (aligned && row_bytes == kVectorRowThreads * int64_t(sizeof(uint4)) && p.rows <= kMaxRowGrid) {
           vector_backward_kernel<T, kVectorRowThreads>
               <<<static_cast<unsigned>(p.rows), kVectorRowThreads, 0, stream>>>(args);
           return cudaGetLastError();
