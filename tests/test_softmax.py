@@ -323,11 +323,12 @@ def test_softmax_small_cases_sanitizer(shape):
 
 
 # Backward rows of exactly 8 KB a tensor (16-bit: one 16-byte vector a thread of a 512-thread
-# block; fp32: register rows), and rows re-read from L2, of 8-16 KB a tensor in 512-thread blocks
-# (fp32 N = 2049-4096, 16-bit 4097-8192) and of 16-32 KB in 1024-thread blocks (fp32 4097-8192,
-# 16-bit 8193-16384): the longest of each over more rows than one wave of blocks holds, and the
-# shortest, whose last vectors are past the row's end (one thread's second vector in 16-bit rows,
-# read two at a time).
+# block; fp32: register rows), of exactly 16 and 32 KB (two vectors a thread of 512- and
+# 1024-thread blocks), and rows re-read from L2 in a loop, of 8-16 KB a tensor in 512-thread blocks
+# (fp32 N = 2049-4095, 16-bit 4097-8191) and of 16-32 KB in 1024-thread blocks (fp32 4097-8191,
+# 16-bit 8193-16383): each over more rows than one wave of blocks holds, and the shortest of the
+# loop's rows, whose last vectors are past the row's end (one thread's second vector in 16-bit
+# rows, read two at a time).
 @pytest.mark.gpu
 @pytest.mark.sanitizer
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -341,14 +342,16 @@ def test_softmax_reread_backward_rows_sanitizer(dtype, row_bytes, rows):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("cols", [7, 1024, 4096, 40000])
+@pytest.mark.parametrize("cols", [7, 1024, 4096, 8192, 40000])
 def test_views_used_in_place(dtype, cols):
-    """Row-strided views (aligned and at storage offset 1) and a non-contiguous grad_output."""
+    """Row-strided views (aligned and at storage offset 1) and non-contiguous grad_outputs
+    (transposed; row-strided, as the backward's vector rows read it in place)."""
     base = torch.randn(6, 2 * cols + 8, dtype=dtype, device="cuda")
+    grad_base = torch.randn(6, cols + 24, dtype=dtype, device="cuda")
     for x in (base[:, :cols], base[:, 1:cols + 1], base[:, 8:cols + 8]):
-        grad = torch.randn(cols, 6, dtype=dtype, device="cuda").t()
-        _check_softmax(x.shape, dtype, False, x=x, grad=grad)
-        _check_softmax(x.shape, dtype, True, x=x, grad=grad)
+        for grad in (torch.randn(cols, 6, dtype=dtype, device="cuda").t(), grad_base[:, 8:cols + 8]):
+            _check_softmax(x.shape, dtype, False, x=x, grad=grad)
+            _check_softmax(x.shape, dtype, True, x=x, grad=grad)
 
 
 @pytest.mark.gpu

@@ -138,8 +138,9 @@ template <typename T> constexpr bool kWideBackwardRows = std::is_same<T, float>:
 // 4096 lost in every 512-thread form (8-byte vectors, one of inductor's picks there: 78-82 against
 // 100.6; its other pick, one 16-byte vector, is the 95.3 above: docs/softmax.md says why).
 constexpr int kRereadThreads = 512;
-// 16-bit backward rows of exactly this many 16-byte vectors a tensor (N = 4096) take
-// vector_backward_kernel: one vector a thread, one row a block of this many threads.
+// Unmasked backward rows of exactly this many 16-byte vectors a tensor (16-bit N = 4096) take
+// vector_backward_kernel: one vector a thread, one row a block of this many threads; rows of exactly
+// two vectors a thread of kRereadThreads or kRereadWideThreads (16 and 32 KB) take it too.
 constexpr int kVectorRowThreads = 512;
 // Most blocks a grid over rows launches (longer row counts loop over rows).
 constexpr int64_t kMaxRowGrid = int64_t(1) << 30;
@@ -1524,12 +1525,10 @@ __global__ void __launch_bounds__(THREADS, 2048 / THREADS) reread_backward_kerne
   }
 }
 
-// y and dy of a 16-byte vector of an unmasked backward row, loaded under `policy` and prepared.
-template <typename T, int VEC, class Row, class Policy>
-__device__ __forceinline__ void load_backward_vector(const Row& ctx, const BackwardArgs<T>& a, int c0, const T* y_ptr,
-                                                     const T* dy_ptr, Policy policy, acc_t<T> (&y)[VEC],
-                                                     acc_t<T> (&g)[VEC]) {
-  const uint4 ry = load_hinted(y_ptr, policy), rdy = load_hinted(dy_ptr, policy);
+// y and dy of a 16-byte vector of an unmasked backward row at column c0, prepared from its raw loads.
+template <typename T, int VEC, class Row>
+__device__ __forceinline__ void prepare_backward_vector(const Row& ctx, const BackwardArgs<T>& a, int c0, const uint4& ry,
+                                                        const uint4& rdy, acc_t<T> (&y)[VEC], acc_t<T> (&g)[VEC]) {
   AlignedVector<T, VEC> vy, vdy;
   static_assert(sizeof(vy) == sizeof(ry), "16-byte vectors");
   memcpy(&vy, &ry, sizeof(ry));
@@ -1537,35 +1536,53 @@ __device__ __forceinline__ void load_backward_vector(const Row& ctx, const Backw
   ctx.template prepare<VEC>(a, c0, vy, vdy, {}, [] { return 0u; }, y, g);
 }
 
-// Unmasked 16-bit backward rows of exactly THREADS 16-byte vectors a tensor (N = 4096 at 512
-// threads): one row a block, one vector of y and of dy a thread, read twice as in
-// reread_backward_kernel (under evict_last for the row sum, again under evict_first for dx: the
-// row's lines leave L2 first once used); straight-line code, so a thread's loads are its first
-// instructions (the register rows' grid-stride loop spent about 55 instructions before its first
-// load, session 31 SASS). This is torch.compile's kernel there. Launcher timing, H100, % of copy:
-// session 32, the vectors held in registers across the reduction instead of re-read: bf16
-// 99.8-99.9 -> 100.3, fp16 99.8-100.0 -> 100.2-100.4; session 33, re-read against held, two runs
-// each: bf16 100.6 -> 101.4, fp16 100.5-100.6 -> 101.3-101.5 (one load under evict_first, held:
-// 98.8-98.9). Two vectors a thread for the 16 and 32 KB rows lost: bf16 -0.5, fp16 -19 (spills
-// at the 32-register bound).
-template <typename T, int THREADS>
+// Unmasked backward rows of exactly THREADS * VECTORS 16-byte vectors a tensor: one row a block,
+// VECTORS vectors of y and of dy a thread, read twice as in reread_backward_kernel (under
+// evict_last for the row sum, again under evict_first for dx: the row's lines leave L2 first once
+// used); straight-line code, so a thread's loads are its first instructions (the register rows'
+// grid-stride loop spent about 55 instructions before its first load, session 31 SASS), and
+// nothing is held across the reduction. This is torch.compile's kernel at these rows. Launcher
+// timing, H100, % of copy: one vector, 16-bit N = 4096 (session 33, two runs each, against the
+// vectors held in registers): bf16 100.6 -> 101.4, fp16 100.5-100.6 -> 101.3-101.5 (held under
+// evict_first: 98.8-98.9); two vectors (session 34, two runs each, against reread_backward_kernel):
+// fp32 4096 99.1-99.6 -> 101.1-102.1, fp32 8192 102.0-102.1 -> 102.3, bf16 8192 100.6-100.8 ->
+// 100.9-101.0, bf16 / fp16 16384 100.7-100.8 -> 101.1, fp16 8192 100.8 -> 100.4-100.8.
+template <typename T, int THREADS, int VECTORS>
 __global__ void __launch_bounds__(THREADS, 2048 / THREADS) vector_backward_kernel(BackwardArgs<T> a) {
   using A = acc_t<T>;
   constexpr int VEC = kVec16<T>;
+  constexpr int kStride = THREADS * VEC;  // columns between a thread's vectors
   __shared__ A scratch[32];
   const BackwardRow<T, false> ctx(a, 0, true);
   const int64_t row = blockIdx.x;
   const int c0 = static_cast<int>(threadIdx.x) * VEC;
-  const T* y_ptr = a.a + row * a.a_row_stride + c0;
-  const T* dy_ptr = a.dy + row * a.dy_row_stride + c0;
-  A y[VEC], g[VEC];
-  load_backward_vector(ctx, a, c0, y_ptr, dy_ptr, l2_policy<L2Hint::kEvictLast>(), y, g);
+  const T* y_row = a.a + row * a.a_row_stride + c0;
+  const T* dy_row = a.dy + row * a.dy_row_stride + c0;
+  uint4 ry[VECTORS], rdy[VECTORS];
+  const auto read = [&](auto policy) {
+#pragma unroll
+    for (int v = 0; v < VECTORS; ++v) {
+      ry[v] = load_hinted(y_row + v * kStride, policy);
+      rdy[v] = load_hinted(dy_row + v * kStride, policy);
+    }
+  };
+  read(l2_policy<L2Hint::kEvictLast>());
   A sum = 0;
 #pragma unroll
-  for (int j = 0; j < VEC; ++j) sum += ctx.partial(a, y[j], g[j]);
+  for (int v = 0; v < VECTORS; ++v) {
+    A y[VEC], g[VEC];
+    prepare_backward_vector(ctx, a, c0 + v * kStride, ry[v], rdy[v], y, g);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) sum += ctx.partial(a, y[j], g[j]);
+  }
   sum = group_reduce<THREADS>(sum, SumOp{}, A(0), scratch);
-  load_backward_vector(ctx, a, c0, y_ptr, dy_ptr, l2_policy<L2Hint::kEvictFirst>(), y, g);
-  store_grad_vector<T, VEC>(ctx, a, row, c0, y, g, sum);
+  read(l2_policy<L2Hint::kEvictFirst>());
+#pragma unroll
+  for (int v = 0; v < VECTORS; ++v) {
+    A y[VEC], g[VEC];
+    prepare_backward_vector(ctx, a, c0 + v * kStride, ry[v], rdy[v], y, g);
+    store_grad_vector<T, VEC>(ctx, a, row, c0 + v * kStride, y, g, sum);
+  }
 }
 
 // ---- staged rows (sm_90) ----------------------------------------------------------------------
@@ -2574,13 +2591,25 @@ cudaError_t launch_softmax_bwd(const SoftmaxBackwardParams& p, DType dtype, cuda
                          rows_aligned(p.dy, p.dy_row_stride, sizeof(T)) && is_aligned(p.dx, 16);
     if constexpr (!std::is_same<T, double>::value) {
       const int64_t row_bytes = p.cols * int64_t(sizeof(T));
+      // A block a row: longer grids than row_blocks allows take the loops below.
+      const bool block_a_row = aligned && p.rows <= kMaxRowGrid;
+      const auto vector_rows = [&](int threads, int vectors) {
+        return block_a_row && row_bytes == int64_t(threads) * vectors * int64_t(sizeof(uint4));
+      };
+      const auto grid = static_cast<unsigned>(p.rows);
       if constexpr (sizeof(T) == 2) {
-        // A block a row: longer grids than row_blocks allows take the register rows' loop.
-        if (aligned && row_bytes == kVectorRowThreads * int64_t(sizeof(uint4)) && p.rows <= kMaxRowGrid) {
-          vector_backward_kernel<T, kVectorRowThreads>
-              <<<static_cast<unsigned>(p.rows), kVectorRowThreads, 0, stream>>>(args);
+        if (vector_rows(kVectorRowThreads, 1)) {
+          vector_backward_kernel<T, kVectorRowThreads, 1><<<grid, kVectorRowThreads, 0, stream>>>(args);
           return cudaGetLastError();
         }
+      }
+      if (vector_rows(kRereadThreads, 2)) {
+        vector_backward_kernel<T, kRereadThreads, 2><<<grid, kRereadThreads, 0, stream>>>(args);
+        return cudaGetLastError();
+      }
+      if (vector_rows(kRereadWideThreads, 2)) {
+        vector_backward_kernel<T, kRereadWideThreads, 2><<<grid, kRereadWideThreads, 0, stream>>>(args);
+        return cudaGetLastError();
       }
       if (aligned && p.cols % kVec16<T> == 0 && row_bytes > kRereadMinRowBytes &&
           row_bytes <= kRereadWideMaxRowBytes) {
