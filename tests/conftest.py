@@ -25,11 +25,18 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
-def assert_close_to_reference(out, ref64, torch_out, factor=2.0, atol=1e-6, name="output"):
+def assert_close_to_reference(out, ref64, torch_out, factor=2.0, atol=1e-6, name="output", best_out=None):
     """FlashAttention's rule: our error against the float64 reference is at most `factor` times
-    the error of PyTorch's own op in the same dtype, plus a tiny absolute term."""
-    ours = (out.double() - ref64).abs().max().item() if out.numel() else 0.0
-    theirs = (torch_out.double() - ref64).abs().max().item() if out.numel() else 0.0
+    the error of PyTorch's own op in the same dtype, plus a tiny absolute term. `best_out`, where
+    given, is the best result the dtype allows from what our kernel is given (a backward evaluated
+    in float64 on the forward's rounded output, then rounded once): the bar is then the larger of
+    its error and torch's, so a peer that is lucky at the worst element sets no bar that a
+    correctly rounded kernel can miss."""
+    def error(t):
+        return (t.double() - ref64).abs().max().item() if out.numel() else 0.0
+
+    ours = error(out)
+    theirs = max(error(torch_out), error(best_out) if best_out is not None else 0.0)
     assert not torch.isnan(out).any(), f"{name} has NaN"
     assert ours <= factor * theirs + atol, f"{name}: max error {ours:.3e} > {factor} x torch's {theirs:.3e} + {atol}"
 

@@ -1545,8 +1545,9 @@ __device__ __forceinline__ void prepare_backward_vector(const Row& ctx, const Ba
 // timing, H100, % of copy: one vector, 16-bit N = 4096 (session 33, two runs each, against the
 // vectors held in registers): bf16 100.6 -> 101.4, fp16 100.5-100.6 -> 101.3-101.5 (held under
 // evict_first: 98.8-98.9); two vectors (session 34, two runs each, against reread_backward_kernel):
-// fp32 4096 99.1-99.6 -> 101.1-102.1, fp32 8192 102.0-102.1 -> 102.3, bf16 8192 100.6-100.8 ->
-// 100.9-101.0, bf16 / fp16 16384 100.7-100.8 -> 101.1, fp16 8192 100.8 -> 100.4-100.8.
+// bf16 8192 100.6-100.8 -> 100.9-101.0, bf16 / fp16 16384 100.7-100.8 -> 101.1, fp32 8192
+// 102.0-102.1 -> 102.3, fp16 8192 100.8 -> 100.4-100.8, fp32 4096 99.1-99.6 -> 101.1-102.1 (inside
+// this harness's spread on that case, 99.6-102.1 over six runs of one kernel in session 33).
 template <typename T, int THREADS, int VECTORS>
 __global__ void __launch_bounds__(THREADS, 2048 / THREADS) vector_backward_kernel(BackwardArgs<T> a) {
   using A = acc_t<T>;
