@@ -123,6 +123,18 @@ def liger():
         return None
 
 
+def liger_state():
+    """Which Liger the peer columns come from, or why they are absent (for the report's header)."""
+    if liger() is None:
+        return "Liger not installed: no Liger columns (carry .whl/ to the GPU machine)"
+    try:
+        from importlib.metadata import version
+
+        return f"Liger {version('liger-kernel')}"
+    except Exception:  # noqa: BLE001 - installed without metadata (a --target copy)
+        return "Liger installed (version unknown)"
+
+
 def progress(items, desc):
     """A one-line text progress bar on stderr."""
     items = list(items)

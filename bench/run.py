@@ -24,11 +24,12 @@ def main():
 
     import fusedops
 
-    from .common import Report, copy_bandwidth_gbs, copy_table
+    from .common import Report, copy_bandwidth_gbs, copy_table, liger_state
 
     print(f"device: {torch.cuda.get_device_name()}; fusedops build: {fusedops.build_info()}", file=sys.stderr)
     report = Report(copy_bandwidth_gbs())
-    report.note = f"fusedops build: {fusedops.build_info()}; mode: {'quick' if args.quick else 'full'}"
+    report.note = (f"fusedops build: {fusedops.build_info()}; mode: {'quick' if args.quick else 'full'}; "
+                   f"{liger_state()}")
     stem = args.stem or ("report_quick" if args.quick else "report")
     copy_table(report)
     failed = []

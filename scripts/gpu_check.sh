@@ -10,7 +10,8 @@
 #   PYTEST_ARGS replace the default test selection (tests/); BENCH_TIMEOUT caps the benchmark
 #   (seconds; the report is written after every family, so a capped run keeps what it measured).
 #
-# Liger (a benchmark peer) is installed from wheels in .whl/ when they are there.
+# Liger (a benchmark peer) is installed from wheels in .whl/ when they are there (.whl/ is
+# git-ignored: a device call carries it explicitly; the report header says whether Liger ran).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 stages=",${1:-build,test,sanitize,bench},"
