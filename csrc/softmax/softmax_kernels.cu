@@ -116,27 +116,29 @@ constexpr int kWideRegisterRowBytes = 64;
 // 512-thread blocks (make_plan's cap for them), a row per block: Liger's shape there, where they
 // took staged rows. Launcher timing, H200, session 27, N = 16384: 94.9 -> 101.2-101.4% of copy
 // (85 registers, one block an SM, as Liger's 86). (bf16 rows of that width took 99.2-99.4 there
-// with the output's vectors widened again; they take the wide re-read rows below since session
-// 30.)
+// with the output's vectors widened again; they took the wide re-read rows below in session 30,
+// and take vector_backward_kernel since session 34.)
 constexpr int kWideBackwardElems = 32;
 template <typename T> constexpr bool kWideBackwardRows = std::is_same<T, float>::value;
 // Unmasked backward rows of (kRereadMinRowBytes, kRereadMaxRowBytes] a tensor (fp32 N = 2049-4096,
-// 16-bit N = 4097-8192) take two passes, the second from L2 (reread_backward_kernel, torch.compile's
-// shape): 512-thread blocks of 32 registers, four an SM, holding kRereadUnroll<T> vectors of each
-// tensor at a time. Launcher timing, H200, session 28, three runs, % of copy against the register
-// rows: fp32 N = 4096 101.0-102.1 -> 102.7-103.4 (one vector at a time; two: 101.3-102.4), bf16
-// 8192 98.8-99.2 -> 100.3-101.5 (two; one: level), fp16 8192 98.6-98.7 -> 101.0 (one run).
-// Elsewhere they lost: bf16 4096 99.6-100.5 -> 95.3 (one) / 88.1 (two), 16384 99.9 -> 93.5-95.1;
-// fp32 8192 102.2 -> 89-92, 16384 102.2 -> 67 (rows in flight past the L2); N = 1024 50-80.
-// Without the L2 hints (plain loads) they lost 3-17 points more. Rows of (kRereadMaxRowBytes,
-// kRereadWideMaxRowBytes] (fp32 N = 4097-8192, 16-bit 8193-16384) take the same kernel in blocks of
-// kRereadWideThreads (torch.compile's shape at bf16 16384: 32 warps, each thread both vectors of
-// each tensor in one go). Launcher timing, H200, session 30, % of copy, two runs each: bf16 16384
-// 100.0 -> 101.8-101.9 (against the wide register rows), fp16 16384 97.5-97.6 -> 101.6-101.8
-// (against the persistent loop), fp32 8192 level (102.2-102.3 -> 101.3-103.5). 1024-thread blocks
-// lost at the narrower rows (bf16 8192 101.2-101.9 -> 83.9, fp32 4096 103.8 -> 97.9), and bf16
-// 4096 lost in every 512-thread form (8-byte vectors, one of inductor's picks there: 78-82 against
-// 100.6; its other pick, one 16-byte vector, is the 95.3 above: docs/softmax.md says why).
+// 16-bit N = 4097-8192; since session 34 those of exactly 16 KB take vector_backward_kernel) take
+// two passes, the second from L2 (reread_backward_kernel, torch.compile's shape): 512-thread blocks
+// of 32 registers, four an SM, holding kRereadUnroll<T> vectors of each tensor at a time. Launcher
+// timing, H200, session 28, three runs, % of copy against the register rows: fp32 N = 4096
+// 101.0-102.1 -> 102.7-103.4 (one vector at a time; two: 101.3-102.4), bf16 8192 98.8-99.2 ->
+// 100.3-101.5 (two; one: level), fp16 8192 98.6-98.7 -> 101.0 (one run). Elsewhere they lost: bf16
+// 4096 99.6-100.5 -> 95.3 (one) / 88.1 (two), 16384 99.9 -> 93.5-95.1; fp32 8192 102.2 -> 89-92,
+// 16384 102.2 -> 67 (rows in flight past the L2); N = 1024 50-80. Without the L2 hints (plain
+// loads) they lost 3-17 points more. Rows of (kRereadMaxRowBytes, kRereadWideMaxRowBytes] (fp32 N =
+// 4097-8192, 16-bit 8193-16384; exactly 32 KB: vector_backward_kernel since session 34) take the
+// same kernel in blocks of kRereadWideThreads (torch.compile's shape at bf16 16384: 32 warps, each
+// thread both vectors of each tensor in one go). Launcher timing, H200, session 30, % of copy, two
+// runs each: bf16 16384 100.0 -> 101.8-101.9 (against the wide register rows), fp16 16384 97.5-97.6
+// -> 101.6-101.8 (against the persistent loop), fp32 8192 level (102.2-102.3 -> 101.3-103.5).
+// 1024-thread blocks lost at the narrower rows (bf16 8192 101.2-101.9 -> 83.9, fp32 4096 103.8 ->
+// 97.9), and bf16 4096 lost in every 512-thread form (8-byte vectors, one of inductor's picks
+// there: 78-82 against 100.6; its other pick, one 16-byte vector, is the 95.3 above:
+// docs/softmax.md says why).
 constexpr int kRereadThreads = 512;
 // Unmasked backward rows of exactly this many 16-byte vectors a tensor (16-bit N = 4096) take
 // vector_backward_kernel: one vector a thread, one row a block of this many threads; rows of exactly
