@@ -86,8 +86,8 @@ bool test_swiglu(size_t n) {
 }
 
 // The bf16 softmax backward dx = y * (dy - sum(y * dy)) against a double-precision host loop on
-// the same bf16 inputs: rows of 1001 columns (unaligned rows: the scalar path), 4096 (the
-// straight-line 8 KB rows), 8192 and 16384 (the re-read rows of 512- and 1024-thread blocks). dx may
+// the same bf16 inputs: rows of 1001 columns (unaligned rows: the scalar path), 4096, 8192 and 16384
+// (the straight-line rows of one vector a thread, and of two in 512- and 1024-thread blocks). dx may
 // be off by its bf16 rounding (2^-9 relative, allowed twice) plus the fp32 row sum's error.
 bool test_softmax_backward_bf16(int rows, int cols) {
   const size_t n = size_t(rows) * cols;
