@@ -1,5 +1,6 @@
 // Launcher timing of the softmax kernels (bench/launcher/timing.cuh): bf16 and fp32 (fp16 on request), 2^27
-// elements, the bars' N (and 8192, 32768); forward bytes x + y, backward y + dy + dx (as bench/softmax.py counts).
+// elements, the bars' N (and 2048, 8192, 32768, and 6144 / 12288 for the 16-bit re-read rows: 2^27 / N rows); forward
+// bytes x + y, backward y + dy + dx (as bench/softmax.py counts).
 // Masked softmax: [B, H, L, L] scores (2^27 elements, H = 16, 8 at L = 4096), scale 1/8, a [B, 1, L, L] bool mask
 // (read through broadcast strides) or causal, dropout 0 or 0.1; the mask's bytes counted once.
 #include "../../csrc/softmax/softmax_kernels.cu"
@@ -25,21 +26,20 @@ template <typename T> struct RowTensors {
 };
 
 template <typename T> void time_dtype(DType dtype, const char* label, double copy, const char* only_n) {
-  const size_t size = RowTensors<T>::kSize;
   const RowTensors<T> t;
   const T *x = t.x, *dy = t.dy;
   T *y = t.y, *dx = t.dx;
-  for (const int64_t n : {128, 1024, 4096, 8192, 16384, 32768, 65536, 262144}) {
+  for (const int64_t n : {128, 1024, 2048, 4096, 6144, 8192, 12288, 16384, 32768, 65536, 262144}) {
     if (only_n != nullptr && std::atoll(only_n) != n) continue;
     const int64_t rows = kElements / n;
     const fusedops::SoftmaxParams f{x, y, rows, n, n, 1.0, false};
     const fusedops::SoftmaxBackwardParams b{y, dy, dx, rows, n, n, n, 1.0, false};
     char name[32];
     std::snprintf(name, sizeof(name), "%s_fwd", label);
-    timing::report(name, n, 2.0 * size * sizeof(T),
+    timing::report(name, n, 2.0 * rows * n * sizeof(T),
                    timing::median_ms([&] { return fusedops::launch_softmax_fwd(f, dtype, nullptr); }), copy);
     std::snprintf(name, sizeof(name), "%s_bwd", label);
-    timing::report(name, n, 3.0 * size * sizeof(T),
+    timing::report(name, n, 3.0 * rows * n * sizeof(T),
                    timing::median_ms([&] { return fusedops::launch_softmax_bwd(b, dtype, nullptr); }), copy);
   }
 }

@@ -1473,6 +1473,17 @@ __device__ __forceinline__ void store_grad_vector(const Row& ctx, const Backward
   store_16_bytes(a.dx + row * a.cols + c0, raw);
 }
 
+// y and dy of a 16-byte vector of an unmasked backward row at column c0, prepared from its raw loads.
+template <typename T, int VEC, class Row>
+__device__ __forceinline__ void prepare_backward_vector(const Row& ctx, const BackwardArgs<T>& a, int c0, const uint4& ry,
+                                                        const uint4& rdy, acc_t<T> (&y)[VEC], acc_t<T> (&g)[VEC]) {
+  AlignedVector<T, VEC> vy, vdy;
+  static_assert(sizeof(vy) == sizeof(ry), "16-byte vectors");
+  memcpy(&vy, &ry, sizeof(ry));
+  memcpy(&vdy, &rdy, sizeof(rdy));
+  ctx.template prepare<VEC>(a, c0, vy, vdy, {}, [] { return 0u; }, y, g);
+}
+
 // Unmasked backward rows of 16-byte vectors in two passes (torch.compile's shape): the first reads
 // the row from HBM asking L2 to keep it (kEvictLast) for the row sum, the second re-reads it from
 // L2 (kEvictFirst) for dx. A thread holds kRereadUnroll<T> vectors of each tensor at a time, not its
@@ -1482,8 +1493,6 @@ __global__ void __launch_bounds__(THREADS, 2048 / THREADS) reread_backward_kerne
   using A = acc_t<T>;
   constexpr int VEC = kVec16<T>;
   constexpr int UNROLL = kRereadUnroll<T>;
-  using Vec = AlignedVector<T, VEC>;
-  static_assert(sizeof(Vec) == 16, "16-byte vectors");
   __shared__ A scratch[32];
   const BackwardRow<T, false> ctx(a, 0, true);
   const auto keep = l2_policy<L2Hint::kEvictLast>();
@@ -1496,21 +1505,19 @@ __global__ void __launch_bounds__(THREADS, 2048 / THREADS) reread_backward_kerne
     // Calls f(c0, y, g) for each of the thread's vectors, UNROLL of each tensor loaded at once.
     const auto pass = [&](auto policy, auto f) {
       for (int base = static_cast<int>(threadIdx.x) * VEC; base < cols; base += kStride * UNROLL) {
-        Vec vy[UNROLL], vdy[UNROLL];
+        uint4 ry[UNROLL], rdy[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
           const int c0 = base + u * kStride;
-          const uint4 ry = c0 < cols ? load_hinted(y_row + c0, policy) : uint4{};
-          const uint4 rdy = c0 < cols ? load_hinted(dy_row + c0, policy) : uint4{};
-          memcpy(&vy[u], &ry, sizeof(ry));
-          memcpy(&vdy[u], &rdy, sizeof(rdy));
+          ry[u] = c0 < cols ? load_hinted(y_row + c0, policy) : uint4{};
+          rdy[u] = c0 < cols ? load_hinted(dy_row + c0, policy) : uint4{};
         }
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
           const int c0 = base + u * kStride;
           if (c0 >= cols) continue;
           A y[VEC], g[VEC];
-          ctx.template prepare<VEC>(a, c0, vy[u], vdy[u], {}, [] { return 0u; }, y, g);
+          prepare_backward_vector(ctx, a, c0, ry[u], rdy[u], y, g);
           f(c0, y, g);
         }
       }
@@ -1525,17 +1532,6 @@ __global__ void __launch_bounds__(THREADS, 2048 / THREADS) reread_backward_kerne
       store_grad_vector<T, VEC>(ctx, a, row, c0, y, g, sum);
     });
   }
-}
-
-// y and dy of a 16-byte vector of an unmasked backward row at column c0, prepared from its raw loads.
-template <typename T, int VEC, class Row>
-__device__ __forceinline__ void prepare_backward_vector(const Row& ctx, const BackwardArgs<T>& a, int c0, const uint4& ry,
-                                                        const uint4& rdy, acc_t<T> (&y)[VEC], acc_t<T> (&g)[VEC]) {
-  AlignedVector<T, VEC> vy, vdy;
-  static_assert(sizeof(vy) == sizeof(ry), "16-byte vectors");
-  memcpy(&vy, &ry, sizeof(ry));
-  memcpy(&vdy, &rdy, sizeof(rdy));
-  ctx.template prepare<VEC>(a, c0, vy, vdy, {}, [] { return 0u; }, y, g);
 }
 
 // Unmasked backward rows of exactly THREADS * VECTORS 16-byte vectors a tensor: one row a block,
