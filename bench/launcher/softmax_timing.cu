@@ -1,6 +1,6 @@
 // Launcher timing of the softmax kernels (bench/launcher/timing.cuh): bf16 and fp32 (fp16 on request), 2^27
-// elements, the bars' N (and 2048, 8192, 32768, and 6144 / 12288 for the 16-bit re-read rows: 2^27 / N rows); forward
-// bytes x + y, backward y + dy + dx (as bench/softmax.py counts).
+// elements, the bars' N (and 2048, 8192, 32768, and 6144 / 12288 for the 16-bit re-read rows: 2^27 / N rows,
+// rounded down); forward bytes x + y, backward y + dy + dx (as bench/softmax.py counts).
 // Masked softmax: [B, H, L, L] scores (2^27 elements, H = 16, 8 at L = 4096), scale 1/8, a [B, 1, L, L] bool mask
 // (read through broadcast strides) or causal, dropout 0 or 0.1; the mask's bytes counted once.
 #include "../../csrc/softmax/softmax_kernels.cu"
