@@ -61,6 +61,8 @@ namespace cg = cooperative_groups;
 // threads at 1024 (the 16-bit forwards' registers cap them there anyway; the rest were level or
 // faster under the cap).
 constexpr int kSmallGroupBlock = 32;
+// Most blocks a grid over rows launches (longer row counts loop over rows).
+constexpr int64_t kMaxRowGrid = int64_t(1) << 30;
 // Elements of a row one thread keeps in registers (per tensor).
 constexpr int kRegisterElems = 16;
 // The plain forward keeps 32 of a 16-bit row (four 16-byte loads in flight a thread, occupancy
@@ -144,8 +146,6 @@ constexpr int kRereadThreads = 512;
 // vector_backward_kernel: one vector a thread, one row a block of this many threads; rows of exactly
 // two vectors a thread of kRereadThreads or kRereadWideThreads (16 and 32 KB) take it too.
 constexpr int kVectorRowThreads = 512;
-// Most blocks a grid over rows launches (longer row counts loop over rows).
-constexpr int64_t kMaxRowGrid = int64_t(1) << 30;
 constexpr int kRereadWideThreads = 1024;
 constexpr int kRereadMinRowBytes = 8 * 1024;
 constexpr int kRereadMaxRowBytes = 16 * 1024;
