@@ -90,7 +90,8 @@ constexpr int kMaxPrefetchRegisters = 40;
 // of copy (32 registers, two blocks an SM, where the loop's register prefetch takes 64); the bf16
 // forward (N = 32768; 64 registers either way, the loop prefetching into L2) 84.9 -> 74.5, the
 // bf16 backward (16384) 97.2 -> 92.3. Groups from kPersistentOption on are built both ways, so
-// these are the switches.
+// these are the switches. (Since session 36 the 16-bit forward reaches 1024 threads only without
+// clusters, before sm_90: see kWideRegisterRowBytes.)
 constexpr int kPersistentOption = 512;
 template <typename T> constexpr int kPersistentForwardGroup = std::is_same<T, float>::value ? 2048 : 1024;
 constexpr int kPersistentBackwardGroup = 1024;
@@ -111,7 +112,11 @@ constexpr int kWideClusterThreads = 1024;
 // from 89.5 to 98.7% of copy and the fp32 forward from 86.9 to 90.7 on 1024-thread register rows
 // (the bf16 forward at 32768: 84.9 to 86.2); the fp32 backward (128 bytes a thread) fell from
 // 92.6 to 81.4. Backward rows of 16384 streamed instead (two passes, the second from L2) lost 37
-// points (bf16) and 5 (fp32, against staged rows; session 23).
+// points (bf16) and 5 (fp32, against staged rows; session 23). The 16-bit forward is the
+// exception since session 36: its rows past 512 threads (N = 16385-32768) take staged rows, whose
+// forward has gained since session 6 (H100 launcher, two runs, bf16 N = 32768: 87.2 / 87.5 ->
+// 92.0 / 92.2, as the staged 65536's 92.3; on the H200 the staged 65536 ran 86.2-86.9 against the
+// register 32768's 85.1-85.8, session 28).
 constexpr int kWideRegisterRowBytes = 64;
 // Unmasked fp32 backward rows of (kClusterThreads * kRegisterElems, kClusterThreads *
 // kWideBackwardElems] columns (N = 16384) keep kWideBackwardElems of each tensor a thread, in
@@ -2226,7 +2231,9 @@ Plan make_plan(int64_t cols, bool aligned, int tensors, int per_thread, bool mas
     plan.vectorized = false;
     return plan;
   }
-  const bool wide_register_rows = !masked && int64_t(tensors) * per_thread * sizeof(T) <= kWideRegisterRowBytes;
+  const bool sixteen_bit_forward = tensors == 1 && sizeof(T) == 2;
+  const bool wide_register_rows =
+      !masked && !sixteen_bit_forward && int64_t(tensors) * per_thread * sizeof(T) <= kWideRegisterRowBytes;
   const int max_group = clusters && !wide_register_rows ? kClusterThreads : 1024;
   if (vector_mask && cols <= int64_t(per_thread) * max_group) {
     const int64_t threads = (cols + per_thread - 1) / per_thread;
