@@ -13,7 +13,8 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # streamed scalar rows), 8 and 128 (sub-warp groups), 1024 and 4096 (a block per row, in
 # registers), 200 and 1000 (register rows whose groups reach past the row's end: their last
 # vectors load nothing), 16384 (register rows: 512 threads of 32 elements in the 16-bit forward
-# and the fp32 / bf16 backward, 1024 threads of 16 in the fp32 forward and the fp16 backward),
+# and the fp32 backward, 1024 threads of 16 in the fp32 forward; the 16-bit backward's
+# straight-line rows of two vectors a thread),
 # 32768 and 65536 (staged rows: clusters of 2-8 blocks, fewer rows than clusters); plus a row
 # count past 65535 (1-D grid over rows).
 # LONG_SHAPES: 262144 (staged: 16 blocks, of 256 threads in the 16-bit forward, 512 elsewhere),
@@ -249,14 +250,15 @@ def test_softmax_long_rows(shape, dtype, log):
 # vectors, two an SM: 16384 16-bit / 8192 fp32 elements), a backward block's 16 KB of each tensor
 # (256 threads of 4 vectors, two an SM: 8192 / 4096 elements); where that takes more than 16 blocks,
 # the backward's is 32 KB in 512-thread blocks, and where that does too, either's is 64 KB in
-# 512-thread blocks. Register rows reach 1024 threads (the fp32 forward and the fp16 backward
-# 16384) or 512 threads of 32 elements (the fp32 and bf16 backward 16384).
+# 512-thread blocks. Register rows reach 1024 threads (the fp32 forward 16384) or 512 threads of
+# 32 elements (the 16-bit forward and the fp32 backward 16384).
 # Forward clusters, 16-bit backward ones of up to 8 blocks and fp32 backward ones run pipelined,
 # fp32 forward clusters of 9 or more holding each row in registers (131072, 131080, 262144). Row
-# lengths (forward / backward blocks, bf16 then fp32; "reg" for register rows): 8192 (one 512-thread
-# register block), 8200 (reg / reg; reg / reg: the backward in 512 threads of 32 elements either
-# way, its last vectors past the row's end), 20000 (2 / 3; 3 / 5), 32768 (2 / 4; 4 / 8), 40008
-# (3 / 5; 5 / 10: odd clusters, partial last chunks), 65536 (4 / 8; 8 / 16), 131072 (8 / 16; 16 / 16
+# lengths (forward / backward blocks, bf16 then fp32; "reg" for register rows): 8192 (forward: a
+# register block of 256 / 512 threads; backward: the straight-line vector rows), 8200 (reg / the
+# 1024-thread re-read rows; reg / reg: the fp32 backward in 512 threads of 32 elements, its last
+# vectors past the row's end), 20000 (2 / 3; 3 / 5), 32768 (2 / 4; 4 / 8), 40008 (3 / 5; 5 / 10:
+# odd clusters, partial last chunks), 65536 (4 / 8; 8 / 16), 131072 (8 / 16; 16 / 16
 # with 32 KB), 131080 (9 / 9 with 32 KB; 9 / 9 with 64 KB: non-portable clusters), 262144 (16 / 16
 # with 32 KB; 16 / 16 with 64 KB), 262152 (9 / 9 with 64 KB; streamed), 524288 (16 / 16 with 64 KB;
 # streamed), 524296 (streamed).
@@ -319,8 +321,8 @@ def test_softmax_float64(log):
 # chunks, non-portable clusters; fp32 forward rows of 9 blocks held in registers); (800, 20000):
 # more rows than the persistent grid of clusters holds, so clusters loop, each stage refilled and
 # reused under its next phase, each inbox of the cluster exchange reused; (1600, 8200) runs the
-# 1024-thread register rows, persistent (fp16 backward) over many rows a block and one row per
-# block (fp32 forward), and the fp32 backward's 512-thread rows of 32 elements a thread.
+# fp32 forward's 1024-thread register rows (one row a block), the fp16 backward's 1024-thread
+# re-read rows and the fp32 backward's 512-thread rows of 32 elements a thread.
 @pytest.mark.parametrize("shape", [(3, 7), (5, 64), (4, 1024), (5, 1000), (2, 4096), (2, 20000), (1, 70000),
                                    (2, 140000), (6000, 128), (800, 20000), (1600, 8200)], ids=str)
 def test_softmax_small_cases_sanitizer(shape):
