@@ -15,7 +15,8 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # vectors load nothing), 16384 (register rows: 512 threads of 32 elements in the 16-bit forward
 # and the fp32 backward, 1024 threads of 16 in the fp32 forward; the 16-bit backward's
 # straight-line rows of two vectors a thread),
-# 32768 and 65536 (staged rows: clusters of 2-8 blocks, fewer rows than clusters); plus a row
+# 32768 (the fp32 forward: 1024 threads of 32 elements) and 65536 (staged rows: clusters of 2-8
+# blocks, fewer rows than clusters); plus a row
 # count past 65535 (1-D grid over rows).
 # LONG_SHAPES: 262144 (staged: 16 blocks, of 256 threads in the 16-bit forward, 512 elsewhere),
 # 1048576 (streamed, two passes).
@@ -251,13 +252,14 @@ def test_softmax_long_rows(shape, dtype, log):
 # (256 threads of 4 vectors, two an SM: 8192 / 4096 elements); where that takes more than 16 blocks,
 # the backward's is 32 KB in 512-thread blocks, and where that does too, either's is 64 KB in
 # 512-thread blocks. Register rows reach 1024 threads (the fp32 forward 16384) or 512 threads of
-# 32 elements (the 16-bit forward and the fp32 backward 16384).
+# 32 elements (the 16-bit forward and the fp32 backward 16384); the fp32 forward's rows of 16385-32768
+# elements take 1024 threads of 32 elements (reg at 20000 and 32768 below).
 # Forward clusters, 16-bit backward ones of up to 8 blocks and fp32 backward ones run pipelined,
 # fp32 forward clusters of 9 or more holding each row in registers (131072, 131080, 262144). Row
 # lengths (forward / backward blocks, bf16 then fp32; "reg" for register rows): 8192 (forward: a
 # register block of 256 / 512 threads; backward: the straight-line vector rows), 8200 (reg / the
 # 1024-thread re-read rows; reg / reg: the fp32 backward in 512 threads of 32 elements, its last
-# vectors past the row's end), 20000 (2 / 3; 3 / 5), 32768 (2 / 4; 4 / 8), 40008 (3 / 5; 5 / 10:
+# vectors past the row's end), 20000 (2 / 3; reg / 5), 32768 (2 / 4; reg / 8), 40008 (3 / 5; 5 / 10:
 # odd clusters, partial last chunks), 65536 (4 / 8; 8 / 16), 131072 (8 / 16; 16 / 16
 # with 32 KB), 131080 (9 / 9 with 32 KB; 9 / 9 with 64 KB: non-portable clusters), 262144 (16 / 16
 # with 32 KB; 16 / 16 with 64 KB), 262152 (9 / 9 with 64 KB; streamed), 524288 (16 / 16 with 64 KB;
@@ -316,7 +318,8 @@ def test_softmax_float64(log):
 @pytest.mark.gpu
 @pytest.mark.sanitizer
 # (6000, 128): many blocks of row groups; (5, 1000): groups reaching past the row's end;
-# staged rows (forward / backward blocks, fp16 then fp32): (2, 20000) (2 / 3; 3 / 5), (1, 70000)
+# staged rows (forward / backward blocks, fp16 then fp32): (2, 20000) (2 / 3; fp32 forward: 1024-thread
+# register rows of 32 elements a thread, whose last 12768 slots lie past the row's end / 5), (1, 70000)
 # (5 / 9; 9 / 9 with 32 KB backward chunks), (2, 140000) (9 / 9 with 32 KB; 9 / 9 with 64 KB
 # chunks, non-portable clusters; fp32 forward rows of 9 blocks held in registers); (800, 20000):
 # more rows than the persistent grid of clusters holds, so clusters loop, each stage refilled and
