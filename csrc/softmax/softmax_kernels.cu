@@ -1559,8 +1559,9 @@ __global__ void __launch_bounds__(THREADS, 2048 / THREADS) reread_backward_kerne
 // bf16 8192 100.6-100.8 -> 100.9-101.0, bf16 / fp16 16384 100.7-100.8 -> 101.1, fp32 8192
 // 102.0-102.1 -> 102.3, fp16 8192 100.8 -> 100.4-100.8, fp32 4096 99.1-99.6 -> 101.1-102.1 (inside
 // this harness's spread on that case, 99.6-102.1 over six runs of one kernel in session 33).
+template <int THREADS, int VECTORS> constexpr int kVectorRowsMinBlocks = VECTORS > 2 ? 1 : 2048 / THREADS;
 template <typename T, int THREADS, int VECTORS>
-__global__ void __launch_bounds__(THREADS, 2048 / THREADS) vector_backward_kernel(BackwardArgs<T> a) {
+__global__ void __launch_bounds__(THREADS, kVectorRowsMinBlocks<THREADS, VECTORS>) vector_backward_kernel(BackwardArgs<T> a) {
   using A = acc_t<T>;
   constexpr int VEC = kVec16<T>;
   constexpr int kStride = THREADS * VEC;  // columns between a thread's vectors
@@ -2632,6 +2633,12 @@ cudaError_t launch_softmax_bwd(const SoftmaxBackwardParams& p, DType dtype, cuda
       if (vector_rows(kRereadWideThreads, 2)) {
         vector_backward_kernel<T, kRereadWideThreads, 2><<<grid, kRereadWideThreads, 0, stream>>>(args);
         return cudaGetLastError();
+      }
+      if constexpr (sizeof(T) == 2) {
+        if (vector_rows(kRereadWideThreads, 4)) {
+          vector_backward_kernel<T, kRereadWideThreads, 4><<<grid, kRereadWideThreads, 0, stream>>>(args);
+          return cudaGetLastError();
+        }
       }
       if (aligned && p.cols % kVec16<T> == 0 && row_bytes > kRereadMinRowBytes &&
           row_bytes <= kRereadWideMaxRowBytes) {
