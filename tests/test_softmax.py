@@ -336,7 +336,8 @@ def test_softmax_small_cases_sanitizer(shape):
 
 # Backward rows of exactly 8 KB a tensor (16-bit: one 16-byte vector a thread of a 512-thread
 # block; fp32: register rows), of exactly 16 and 32 KB (two vectors a thread of 512- and
-# 1024-thread blocks), and rows re-read from L2 in a loop, of 8-16 KB a tensor in 512-thread blocks
+# 1024-thread blocks), of exactly 64 KB (16-bit: four vectors a thread of 1024; fp32: register
+# rows of 512 threads), and rows re-read from L2 in a loop, of 8-16 KB a tensor in 512-thread blocks
 # (fp32 N = 2049-4095, 16-bit 4097-8191) and of 16-32 KB in 1024-thread blocks (fp32 4097-8191,
 # 16-bit 8193-16383): each over more rows than one wave of blocks holds, and the shortest of the
 # loop's rows, whose last vectors are past the row's end (one thread's second vector in 16-bit
@@ -345,7 +346,7 @@ def test_softmax_small_cases_sanitizer(shape):
 @pytest.mark.sanitizer
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("row_bytes, rows",
-                         [(8192, 600), (16384, 600), (32768, 600), (8192 + 16, 5), (16384 - 16, 600),
+                         [(8192, 600), (16384, 600), (32768, 600), (65536, 300), (8192 + 16, 5), (16384 - 16, 600),
                           (16384 + 16, 5), (32768 - 16, 600)])
 def test_softmax_reread_backward_rows_sanitizer(dtype, row_bytes, rows):
     for log in (False, True):
