@@ -15,9 +15,9 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # vectors load nothing), 16384 (register rows: 512 threads of 32 elements in the 16-bit forward
 # and the fp32 backward, 1024 threads of 16 in the fp32 forward; the 16-bit backward's
 # straight-line rows of two vectors a thread),
-# 32768 (the fp32 forward: 1024 threads of 32 elements) and 65536 (staged rows: clusters of 2-8
-# blocks, fewer rows than clusters); plus a row
-# count past 65535 (1-D grid over rows).
+# 32768 and 65536 (staged rows: clusters of 2-8 blocks, fewer rows than clusters; at 32768 the
+# fp32 forward takes 1024 threads of 32 elements and the 16-bit backward straight-line rows of
+# four vectors a thread); plus a row count past 65535 (1-D grid over rows).
 # LONG_SHAPES: 262144 (staged: 16 blocks, of 256 threads in the 16-bit forward, 512 elsewhere),
 # 1048576 (streamed, two passes).
 SHAPES = [(1,), (3, 7), (6, 41), (5, 1023), (4, 4097), (70000, 8), (3, 5, 128), (33, 1024), (2, 3, 4096),
@@ -259,7 +259,7 @@ def test_softmax_long_rows(shape, dtype, log):
 # lengths (forward / backward blocks, bf16 then fp32; "reg" for register rows): 8192 (forward: a
 # register block of 256 / 512 threads; backward: the straight-line vector rows), 8200 (reg / the
 # 1024-thread re-read rows; reg / reg: the fp32 backward in 512 threads of 32 elements, its last
-# vectors past the row's end), 20000 (2 / 3; reg / 5), 32768 (2 / 4; reg / 8), 40008 (3 / 5; 5 / 10:
+# vectors past the row's end), 20000 (2 / 3; reg / 5), 32768 (2 / vector rows; reg / 8), 40008 (3 / 5; 5 / 10:
 # odd clusters, partial last chunks), 65536 (4 / 8; 8 / 16), 131072 (8 / 16; 16 / 16
 # with 32 KB), 131080 (9 / 9 with 32 KB; 9 / 9 with 64 KB: non-portable clusters), 262144 (16 / 16
 # with 32 KB; 16 / 16 with 64 KB), 262152 (9 / 9 with 64 KB; streamed), 524288 (16 / 16 with 64 KB;

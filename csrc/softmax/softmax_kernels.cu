@@ -157,7 +157,9 @@ template <typename T> constexpr bool kWideForwardRows = std::is_same<T, float>::
 constexpr int kRereadThreads = 512;
 // Unmasked backward rows of exactly this many 16-byte vectors a tensor (16-bit N = 4096) take
 // vector_backward_kernel: one vector a thread, one row a block of this many threads; rows of exactly
-// two vectors a thread of kRereadThreads or kRereadWideThreads (16 and 32 KB) take it too.
+// two vectors a thread of kRereadThreads or kRereadWideThreads (16 and 32 KB) take it too, and
+// 16-bit rows of exactly four vectors a thread of kRereadWideThreads (64 KB, N = 32768; fp32 rows
+// of 64 KB keep the wide register rows, kWideBackwardElems).
 constexpr int kVectorRowThreads = 512;
 constexpr int kRereadWideThreads = 1024;
 constexpr int kRereadMinRowBytes = 8 * 1024;
@@ -1558,7 +1560,10 @@ __global__ void __launch_bounds__(THREADS, 2048 / THREADS) reread_backward_kerne
 // evict_first: 98.8-98.9); two vectors (session 34, two runs each, against reread_backward_kernel):
 // bf16 8192 100.6-100.8 -> 100.9-101.0, bf16 / fp16 16384 100.7-100.8 -> 101.1, fp32 8192
 // 102.0-102.1 -> 102.3, fp16 8192 100.8 -> 100.4-100.8, fp32 4096 99.1-99.6 -> 101.1-102.1 (inside
-// this harness's spread on that case, 99.6-102.1 over six runs of one kernel in session 33).
+// this harness's spread on that case, 99.6-102.1 over six runs of one kernel in session 33); four
+// vectors, 16-bit N = 32768 (session 37, two runs each, against staged rows): bf16 96.0 ->
+// 100.3-100.4, fp16 95.8-96.0 -> 100.3-100.4 (48 registers: one 1024-thread block an SM, hence
+// kVectorRowsMinBlocks).
 template <int THREADS, int VECTORS> constexpr int kVectorRowsMinBlocks = VECTORS > 2 ? 1 : 2048 / THREADS;
 template <typename T, int THREADS, int VECTORS>
 __global__ void __launch_bounds__(THREADS, kVectorRowsMinBlocks<THREADS, VECTORS>) vector_backward_kernel(BackwardArgs<T> a) {
