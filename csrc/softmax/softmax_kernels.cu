@@ -159,8 +159,10 @@ constexpr int kRereadThreads = 512;
 // vector_backward_kernel: one vector a thread, one row a block of this many threads; rows of exactly
 // two vectors a thread of kRereadThreads or kRereadWideThreads (16 and 32 KB) take it too, and
 // 16-bit rows of exactly four vectors a thread of kRereadWideThreads (64 KB, N = 32768; fp32 rows
-// of 64 KB keep the wide register rows, kWideBackwardElems).
+// of 64 KB keep the wide register rows, kWideBackwardElems). kVectorRowsTaken: which dtypes take
+// which of these shapes (launch_vector_rows).
 constexpr int kVectorRowThreads = 512;
+template <typename T, int VECTORS> constexpr bool kVectorRowsTaken = VECTORS == 2 || sizeof(T) == 2;
 constexpr int kRereadWideThreads = 1024;
 constexpr int kRereadMinRowBytes = 8 * 1024;
 constexpr int kRereadMaxRowBytes = 16 * 1024;
@@ -2611,6 +2613,20 @@ cudaError_t launch_softmax_fwd(const SoftmaxParams& p, DType dtype, cudaStream_t
   });
 }
 
+// Launches vector_backward_kernel<T, THREADS, VECTORS> (a block a row) when each row is exactly
+// THREADS * VECTORS 16-byte vectors a tensor and the dtype takes that shape (kVectorRowsTaken);
+// otherwise launches nothing and returns false.
+template <typename T, int THREADS, int VECTORS>
+bool launch_vector_rows(const BackwardArgs<T>& args, bool block_a_row, int64_t row_bytes, cudaStream_t stream) {
+  if constexpr (!kVectorRowsTaken<T, VECTORS>) {
+    return false;
+  } else {
+    if (!block_a_row || row_bytes != int64_t(THREADS) * VECTORS * int64_t(sizeof(uint4))) return false;
+    vector_backward_kernel<T, THREADS, VECTORS><<<static_cast<unsigned>(args.rows), THREADS, 0, stream>>>(args);
+    return true;
+  }
+}
+
 cudaError_t launch_softmax_bwd(const SoftmaxBackwardParams& p, DType dtype, cudaStream_t stream) {
   if (p.rows == 0 || p.cols == 0) return cudaSuccess;
   return FUSEDOPS_DISPATCH_FLOAT_TYPES(dtype, T, [&] {
@@ -2621,29 +2637,11 @@ cudaError_t launch_softmax_bwd(const SoftmaxBackwardParams& p, DType dtype, cuda
       const int64_t row_bytes = p.cols * int64_t(sizeof(T));
       // A block a row: longer grids than row_blocks allows take the loops below.
       const bool block_a_row = aligned && p.rows <= kMaxRowGrid;
-      const auto vector_rows = [&](int threads, int vectors) {
-        return block_a_row && row_bytes == int64_t(threads) * vectors * int64_t(sizeof(uint4));
-      };
-      const auto grid = static_cast<unsigned>(p.rows);
-      if constexpr (sizeof(T) == 2) {
-        if (vector_rows(kVectorRowThreads, 1)) {
-          vector_backward_kernel<T, kVectorRowThreads, 1><<<grid, kVectorRowThreads, 0, stream>>>(args);
-          return cudaGetLastError();
-        }
-      }
-      if (vector_rows(kRereadThreads, 2)) {
-        vector_backward_kernel<T, kRereadThreads, 2><<<grid, kRereadThreads, 0, stream>>>(args);
+      if (launch_vector_rows<T, kVectorRowThreads, 1>(args, block_a_row, row_bytes, stream) ||
+          launch_vector_rows<T, kRereadThreads, 2>(args, block_a_row, row_bytes, stream) ||
+          launch_vector_rows<T, kRereadWideThreads, 2>(args, block_a_row, row_bytes, stream) ||
+          launch_vector_rows<T, kRereadWideThreads, 4>(args, block_a_row, row_bytes, stream)) {
         return cudaGetLastError();
-      }
-      if (vector_rows(kRereadWideThreads, 2)) {
-        vector_backward_kernel<T, kRereadWideThreads, 2><<<grid, kRereadWideThreads, 0, stream>>>(args);
-        return cudaGetLastError();
-      }
-      if constexpr (sizeof(T) == 2) {
-        if (vector_rows(kRereadWideThreads, 4)) {
-          vector_backward_kernel<T, kRereadWideThreads, 4><<<grid, kRereadWideThreads, 0, stream>>>(args);
-          return cudaGetLastError();
-        }
       }
       if (aligned && p.cols % kVec16<T> == 0 && row_bytes > kRereadMinRowBytes &&
           row_bytes <= kRereadWideMaxRowBytes) {
