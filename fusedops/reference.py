@@ -49,9 +49,9 @@ _W0, _W1 = np.uint64(0x9E3779B9), np.uint64(0xBB67AE85)
 _LOW32 = np.uint64(0xFFFFFFFF)
 
 
-def philox_words(numel, seed, offset):
-    """The uint32 word that element i of a dropout call draws, for i < numel."""
-    groups = np.arange((numel + 3) // 4, dtype=np.uint64)
+def philox_words(numel, seed, offset, first=0):
+    """The uint32 words first ... first + numel - 1 of a dropout call's stream (first a multiple of 4)."""
+    groups = np.arange(first // 4, (first + numel + 3) // 4, dtype=np.uint64)
     seed, offset = np.uint64(seed % 2**64), np.uint64(offset % 2**64)
     c0, c1 = groups & _LOW32, groups >> np.uint64(32)
     c2 = np.full_like(groups, offset & _LOW32)
@@ -64,12 +64,13 @@ def philox_words(numel, seed, offset):
     return np.stack([c0, c1, c2, c3], axis=1).reshape(-1)[:numel]
 
 
-def dropout_keep_mask(shape, rng_state, p):
-    """The keep mask a dropout call with recorded rng_state = (seed, offset) applied: element i
-    draws the 16-bit half-word i % 8 (low half first) of Philox block i // 8."""
+def dropout_keep_mask(shape, rng_state, p, first=0):
+    """The keep mask a dropout call with recorded rng_state = (seed, offset) applied to its
+    elements first ... first + prod(shape) - 1 (first a multiple of 8): element i draws the 16-bit
+    half-word i % 8 (low half first) of Philox block i // 8."""
     seed, offset = (int(v) for v in rng_state.cpu().tolist())
     numel = int(np.prod(shape)) if len(shape) else 1
-    words = philox_words(4 * ((numel + 7) // 8), seed, offset)
+    words = philox_words(4 * ((numel + 7) // 8), seed, offset, first // 2)
     draws = np.stack([words & np.uint64(0xFFFF), words >> np.uint64(16)], axis=1).reshape(-1)[:numel]
     keep = draws >= np.uint64(int(p * 65536.0))
     return torch.from_numpy(keep).reshape(shape)
