@@ -169,8 +169,8 @@ def test_norm(kind, n):
 
 @gpu
 def test_elementwise():
-    """The 64-bit index path (2^31 elements or more): bias_gelu forward and backward (dbias summed
-    over every row) and bias_dropout_add's keep mask."""
+    """The 64-bit index path (2^31 elements or more): bias_gelu forward and backward (dbias, the
+    column sum of dx over every row) and bias_dropout_add's keep mask."""
     n, p = 4104, 0.25
     rows, checked = _rows_past_large(n, tensors=4)
     x = torch.randn(rows, n, dtype=DTYPE, device="cuda").requires_grad_(True)
@@ -189,8 +189,8 @@ def test_elementwise():
     torch_out, torch_dx = run(x[checked], bias)
     assert_close_to_reference(out[checked], ref_out, torch_out, name="bias_gelu out")
     assert_close_to_reference(dx[checked], ref_dx, torch_dx, name="bias_gelu dx")
-    _assert_row_sums(dbias, lambda h, g: reference.bias_gelu_backward(g, h, bias.double(), False), x, grad,
-                     name="dbias")
+    # dbias is the column sum of the rounded dx, as PyTorch's autograd sums a broadcast bias's gradient.
+    _assert_row_sums(dbias, lambda g: g, dx, name="dbias")
     del out, grad, dx
     out, rng_state = ops.bias_dropout_add_fwd(x, bias, torch.zeros_like(x), p, True)
     keep = _row_keep_masks(checked, n, rng_state, p)
