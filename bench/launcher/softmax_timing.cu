@@ -25,20 +25,20 @@ template <typename T> struct RowTensors {
   }
 };
 
-template <typename T> void time_dtype(DType dtype, const char* label, double copy, const char* only_n) {
+template <typename T> void time_dtype(DType dtype, const char* label, double copy, const char* only_n, bool log) {
   const RowTensors<T> t;
   const T *x = t.x, *dy = t.dy;
   T *y = t.y, *dx = t.dx;
   for (const int64_t n : {128, 1024, 2048, 4096, 6144, 8192, 12288, 16384, 32768, 65536, 262144}) {
     if (only_n != nullptr && std::atoll(only_n) != n) continue;
     const int64_t rows = kElements / n;
-    const fusedops::SoftmaxParams f{x, y, rows, n, n, 1.0, false};
-    const fusedops::SoftmaxBackwardParams b{y, dy, dx, rows, n, n, n, 1.0, false};
+    const fusedops::SoftmaxParams f{x, y, rows, n, n, 1.0, log};
+    const fusedops::SoftmaxBackwardParams b{y, dy, dx, rows, n, n, n, 1.0, log};
     char name[32];
-    std::snprintf(name, sizeof(name), "%s_fwd", label);
+    std::snprintf(name, sizeof(name), "%s%s_fwd", log ? "log_" : "", label);
     timing::report(name, n, 2.0 * rows * n * sizeof(T),
                    timing::median_ms([&] { return fusedops::launch_softmax_fwd(f, dtype, nullptr); }), copy);
-    std::snprintf(name, sizeof(name), "%s_bwd", label);
+    std::snprintf(name, sizeof(name), "%s%s_bwd", log ? "log_" : "", label);
     timing::report(name, n, 3.0 * rows * n * sizeof(T),
                    timing::median_ms([&] { return fusedops::launch_softmax_bwd(b, dtype, nullptr); }), copy);
   }
@@ -116,7 +116,7 @@ template <typename T> void time_masked(DType dtype, const char* label, double co
 // SOFTMAX_TIMING=masked times the masked cases only, SOFTMAX_TIMING=plain the unmasked ones only;
 // SOFTMAX_TIMING_N=n the unmasked rows of length n only (e.g. for one kernel under ncu);
 // SOFTMAX_TIMING_ELEMENTS=e tensors of e elements instead of 2^27; SOFTMAX_TIMING_FP16 (set) times
-// the unmasked fp16 rows too.
+// the unmasked fp16 rows too; SOFTMAX_TIMING_LOG (set) times the unmasked rows as log_softmax.
 int main() {
   const char* cases = std::getenv("SOFTMAX_TIMING");
   const char* only_n = std::getenv("SOFTMAX_TIMING_N");
@@ -125,9 +125,10 @@ int main() {
   const double copy = timing::copy_gbs();
   std::printf("copy %.1f GB/s\n", copy);
   if (!masked_only) {
-    time_dtype<__nv_bfloat16>(DType::BFloat16, "bf16", copy, only_n);
-    time_dtype<float>(DType::Float32, "fp32", copy, only_n);
-    if (std::getenv("SOFTMAX_TIMING_FP16") != nullptr) time_dtype<__half>(DType::Float16, "fp16", copy, only_n);
+    const bool log = std::getenv("SOFTMAX_TIMING_LOG") != nullptr;
+    time_dtype<__nv_bfloat16>(DType::BFloat16, "bf16", copy, only_n, log);
+    time_dtype<float>(DType::Float32, "fp32", copy, only_n, log);
+    if (std::getenv("SOFTMAX_TIMING_FP16") != nullptr) time_dtype<__half>(DType::Float16, "fp16", copy, only_n, log);
   }
   if (!plain_only) {
     time_masked<__nv_bfloat16>(DType::BFloat16, "bf16", copy);
