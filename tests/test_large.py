@@ -26,9 +26,9 @@ def _need_memory(n_bytes):
 
 def _rows_past_large(n, tensors):
     """(rows, checked): [rows, n] holds element 2^31 in row rows - 2 and ends a row later;
-    checked indexes the first two rows, the three around element 2^31 and the last. Skips unless
-    `tensors` such bf16 tensors fit, with 8 GiB to spare
-    (the references' float64 chunks)."""
+    checked indexes the first two rows and the three around element 2^31, the last row among
+    them. Skips unless `tensors` such bf16 tensors fit, with 8 GiB to spare for the references'
+    float64 chunks."""
     rows = LARGE // n + 2
     _need_memory(tensors * rows * n * DTYPE.itemsize + 2**33)
     boundary = LARGE // n
@@ -42,10 +42,10 @@ def _row_keep_masks(rows, n, rng_state, p):
 
 
 def _assert_row_sums(ours, terms, *tensors, name):
-    """ours against the float64 sum over rows of terms(*rows), taken 2^27 elements at a time. fp32
-    partial sums err far less than 2^-21 of the sum of the terms' magnitudes (about 0.16 over 2^19
-    rows), while one row missed or counted twice moves a column by about 1; on top, half an ulp
-    of ours' dtype for its rounding."""
+    """ours against the float64 sum over rows of terms(*rows), taken 2^27 elements at a time. The
+    bound, 2^-21 of the largest column sum of the terms' magnitudes (about 0.16 over 2^19 rows of
+    normal terms), is far above what fp32 partial sums err and below what one row missed or
+    counted twice moves a column (about 1); on top, half an ulp of ours' dtype for its rounding."""
     chunk = max(1, 2**27 // tensors[0].shape[-1])
     total = magnitude = 0
     for parts in zip(*(t.split(chunk) for t in tensors)):
