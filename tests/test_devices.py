@@ -38,7 +38,10 @@ def _calls():
     ]
 
 
-@pytest.mark.parametrize("name, fn, shapes", _calls(), ids=[c[0] for c in _calls()])
+CALLS = _calls()
+
+
+@pytest.mark.parametrize("name, fn, shapes", CALLS, ids=[c[0] for c in CALLS])
 def test_second_gpu_matches_current_gpu(name, fn, shapes):
     inputs = [torch.randn(s, dtype=torch.bfloat16, device="cuda:0") for s in shapes]
     grad = torch.randn(shapes[0], dtype=torch.bfloat16, device="cuda:0")

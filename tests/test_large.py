@@ -41,6 +41,14 @@ def _row_keep_masks(rows, n, rng_state, p):
     return torch.stack(masks).cuda()
 
 
+def _forward_backward(fn, inputs, grad):
+    """fn(*inputs) and its gradients with respect to inputs, for the output gradient grad (cast to
+    the output's dtype): how each test runs torch's op, in float64 and in bf16, on its rows."""
+    leaves = [t.detach().requires_grad_(True) for t in inputs]
+    out = fn(*leaves)
+    return out.detach(), torch.autograd.grad(out, leaves, grad.to(out.dtype))
+
+
 def _assert_row_sums(ours, terms, *tensors, name):
     """ours against the float64 sum over rows of terms(*rows), taken 2^27 elements at a time. The
     bound, 2^-21 of the largest column sum of the terms' magnitudes (about 0.16 over 2^19 rows of
@@ -76,13 +84,8 @@ def test_softmax(n, log):
     def torch_fn(t):
         return torch.log_softmax(t, -1) if log else torch.softmax(t, -1)
 
-    def run(t, g):
-        t = t.detach().requires_grad_(True)
-        y = torch_fn(t)
-        return y.detach(), torch.autograd.grad(y, t, g)[0]
-
-    ref_out, ref_dx = run(x.double(), grad.double())
-    torch_out, torch_dx = run(x, grad)
+    ref_out, (ref_dx,) = _forward_backward(torch_fn, [x.double()], grad)
+    torch_out, (torch_dx,) = _forward_backward(torch_fn, [x], grad)
     backward = torch._log_softmax_backward_data if log else torch._softmax_backward_data
     best_dx = backward(grad.double(), out.double(), -1, torch.float64).to(DTYPE)
     assert_close_to_reference(out, ref_out, torch_out, name="output")
@@ -148,13 +151,12 @@ def test_norm(kind, n):
     if add:
         assert torch.equal(grads["residual"][checked], grads["x"][checked])
 
-    def run(h, w, b):
-        h = h.detach().requires_grad_(True)
-        y = _norm(layer, h, w, b)
-        return y.detach(), torch.autograd.grad(y, h, dy[checked].to(h.dtype))[0]
+    def run(dtype):
+        w, b = (None if t is None else t.detach().to(dtype) for t in (weight, bias))
+        return _forward_backward(lambda h: _norm(layer, h, w, b), [normed[checked].to(dtype)], dy[checked])
 
-    ref_out, ref_dx = run(normed[checked].double(), weight.detach().double(), bias.detach().double() if layer else None)
-    torch_out, torch_dx = run(normed[checked], weight.detach().to(DTYPE), bias.detach().to(DTYPE) if layer else None)
+    ref_out, (ref_dx,) = run(torch.float64)
+    torch_out, (torch_dx,) = run(DTYPE)
     assert_close_to_reference(out.detach()[checked], ref_out, torch_out, name=f"{kind} out")
     assert_close_to_reference(grads["x"][checked], ref_dx, torch_dx, name=f"{kind} dx")
 
@@ -180,13 +182,8 @@ def test_elementwise():
     dx, dbias = torch.autograd.grad(out, (x, bias), grad)
     x, bias, out = x.detach(), bias.detach(), out.detach()
 
-    def run(h, b):
-        h = h.detach().requires_grad_(True)
-        y = F.gelu(h + b)
-        return y.detach(), torch.autograd.grad(y, h, grad[checked].to(h.dtype))[0]
-
-    ref_out, ref_dx = run(x[checked].double(), bias.double())
-    torch_out, torch_dx = run(x[checked], bias)
+    ref_out, (ref_dx,) = _forward_backward(lambda h: F.gelu(h + bias.double()), [x[checked].double()], grad[checked])
+    torch_out, (torch_dx,) = _forward_backward(lambda h: F.gelu(h + bias), [x[checked]], grad[checked])
     assert_close_to_reference(out[checked], ref_out, torch_out, name="bias_gelu out")
     assert_close_to_reference(dx[checked], ref_dx, torch_dx, name="bias_gelu dx")
     # dbias is the column sum of the rounded dx, as PyTorch's autograd sums a broadcast bias's gradient.
@@ -213,13 +210,11 @@ def test_attention():
     q, k, v, grad, out = (t.detach()[batches] for t in (q, k, v, grad, out))
     grads = [g[batches] for g in grads]
 
-    def run(*inputs):
-        inputs = [t.detach().requires_grad_(True) for t in inputs]
-        y = F.scaled_dot_product_attention(*inputs, is_causal=True)
-        return y.detach(), torch.autograd.grad(y, inputs, grad.to(y.dtype))
+    def sdpa(*inputs):
+        return F.scaled_dot_product_attention(*inputs, is_causal=True)
 
-    ref_out, ref_grads = run(q.double(), k.double(), v.double())
-    torch_out, torch_grads = run(q, k, v)
+    ref_out, ref_grads = _forward_backward(sdpa, [q.double(), k.double(), v.double()], grad)
+    torch_out, torch_grads = _forward_backward(sdpa, [q, k, v], grad)
     assert_close_to_reference(out, ref_out, torch_out, factor=2.0, atol=1e-5, name="attention out")
     for name, ours, ref, theirs in zip(["dq", "dk", "dv"], grads, ref_grads, torch_grads):
         assert_close_to_reference(ours, ref, theirs, factor=3.0, atol=1e-4, name=name)
