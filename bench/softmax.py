@@ -1,7 +1,7 @@
 """Softmax family benchmarks at 2^27 elements: softmax and log_softmax over the last dim for
 N in {128 ... 262144} (forward: read x + write y; backward: read y + read dy + write dx), and
-masked softmax over [B, H, L, L] with a broadcast [B, 1, L, L] bool mask or causal=True, with
-dropout (bytes: read x + read the mask once + write the output)."""
+masked softmax over [B, H, L, L] with a broadcast [B, 1, L, L] bool or additive mask or
+causal=True, with dropout (bytes: read x + read the mask once + write the output)."""
 import torch
 import torch.nn.functional as F
 
@@ -57,7 +57,8 @@ def softmax_tables(report, quick):
 
 
 def masked_tables(report, quick):
-    """[B, H, L, L] scores, scale 1/8, dropout 0.1: a broadcast bool mask, and causal."""
+    """[B, H, L, L] scores, scale 1/8, dropout 0.1: a broadcast bool mask, the same mask as an
+    additive one (0 and -inf in the scores' dtype, as Hugging Face models build theirs), and causal."""
     shapes = [(8, 16, 1024)] if quick else [(32, 16, 512), (8, 16, 1024), (2, 16, 2048), (1, 8, 4096)]
     p, scale = 0.1, 0.125
     for dtype in (torch.bfloat16,) if quick else (torch.bfloat16, torch.float32):
@@ -65,15 +66,20 @@ def masked_tables(report, quick):
         for b, h, length in progress(shapes, f"masked_softmax {tag}"):
             x = torch.randn(b, h, length, length, dtype=dtype, device="cuda")
             mask = torch.rand(b, 1, length, length, device="cuda") > 0.1
+            additive = torch.zeros(mask.shape, dtype=dtype, device="cuda").masked_fill(~mask, float("-inf"))
             causal_keep = torch.ones(length, length, dtype=torch.bool, device="cuda").tril()
             size = x.numel() * x.element_size()
             case = f"{b}x{h}x{length}x{length} {tag}"
-            for name, keep, causal, mask_bytes in (("bool mask [B,1,L,L]", mask, False, mask.numel()),
-                                                   ("causal", None, True, 0)):
-                ref_keep = keep if keep is not None else causal_keep
+            for name, keep, causal, mask_bytes, logits in (
+                ("bool mask [B,1,L,L]", mask, False, mask.numel(),
+                 lambda t: torch.where(mask, t * scale, float("-inf"))),
+                ("additive mask [B,1,L,L]", additive, False, additive.numel() * additive.element_size(),
+                 lambda t: t * scale + additive),
+                ("causal", None, True, 0, lambda t: torch.where(causal_keep, t * scale, float("-inf"))),
+            ):
 
-                def eager(t, ref_keep=ref_keep):
-                    return F.dropout(torch.softmax(torch.where(ref_keep, t * scale, float("-inf")), -1), p)
+                def eager(t, logits=logits):
+                    return F.dropout(torch.softmax(logits(t), -1), p)
 
                 def fused(t, keep=keep, causal=causal):
                     return fusedops.masked_softmax(t, keep, scale=scale, causal=causal, dropout_p=p)
@@ -85,7 +91,7 @@ def masked_tables(report, quick):
             no_dropout = {"fusedops": lambda t, mask=mask: fusedops.masked_softmax(t, mask, scale=scale)}
             _measure_fwd_bwd(report, "masked_softmax bool mask [B,1,L,L], no dropout,", case, no_dropout, x,
                              2 * size + mask.numel(), 3 * size + mask.numel())
-            del x, mask
+            del x, mask, additive
 
 
 def run(report, quick):

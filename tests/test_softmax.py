@@ -539,6 +539,49 @@ def test_masked_nonpositive_scale(dtype, scale):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("lk", [128, 1000, 4096, 20000])
+def test_additive_mask_vector_rows(dtype, lk):
+    """Additive masks contiguous along the row are read as vectors of the input's dtype by
+    register rows (128; 1000, whose last vectors lie past the row's end; 4096) and cluster rows
+    (20000): bias values, -inf, the dtype's most negative value (as Hugging Face's masks) and a
+    fully masked row, with the causal mask and with dropout, against the float64 reference. A
+    mask that is not vector-aligned (an offset view) takes streamed rows and agrees too."""
+    x = torch.randn(2, 3, 6, lk, dtype=dtype, device="cuda")
+    bias = torch.randn(2, 1, 6, lk, dtype=dtype, device="cuda")
+    bias[..., 1::3] = float("-inf")
+    bias[..., 2::5] = torch.finfo(dtype).min
+    bias[1, 0, 4] = float("-inf")
+    for causal in (False, True):
+        _check_masked(x, bias, 0.6, causal)
+        _check_dropout_against_reference(x, bias, 0.6, causal, 0.25)
+    unaligned = torch.randn(2, 1, 6, lk + 1, dtype=dtype, device="cuda")[..., 1:]
+    _check_masked(x, unaligned, 0.6, False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_additive_mask_of_zeros_and_infinities_is_the_bool_mask(dtype):
+    """An additive mask of 0 and -inf is the bool mask it encodes: the same values (fp32 rows
+    compute the same logits either way, bit for bit; 16-bit bool rows fold the scale into their
+    exps, so they round differently) and the same dropout."""
+    x = torch.randn(4, 8, 64, 1024, dtype=dtype, device="cuda")
+    keep = _keep_mask((4, 1, 64, 1024))
+    additive = torch.zeros(keep.shape, dtype=dtype, device="cuda").masked_fill(~keep, float("-inf"))
+    grad = torch.randn_like(x)
+    for p in (0.0, 0.2):
+        results = []
+        for mask in (keep, additive):
+            torch.manual_seed(3)
+            results.append(_grads(lambda t: fusedops.masked_softmax(t, mask, scale=0.125, dropout_p=p), x, grad))
+        (out_bool, dx_bool), (out_add, dx_add) = results
+        assert torch.equal(out_bool == 0, out_add == 0)
+        tol = 0.0 if dtype == torch.float32 else 1e-2
+        torch.testing.assert_close(out_add, out_bool, atol=tol, rtol=tol)
+        torch.testing.assert_close(dx_add, dx_bool, atol=tol, rtol=tol)
+
+
+@pytest.mark.gpu
 @pytest.mark.sanitizer
 def test_masked_small_cases_sanitizer():
     for dtype in (torch.float16, torch.float32):
@@ -552,6 +595,8 @@ def test_masked_small_cases_sanitizer():
         x = torch.randn(2, 3, 9, 1000, dtype=dtype, device="cuda")
         for causal in (False, True):
             _check_dropout_against_reference(x, _keep_mask((2, 1, 9, 1000)), 0.5, causal, 0.3)
+            # an additive mask read as vectors
+            _check_dropout_against_reference(x, torch.randn(2, 1, 9, 1000, dtype=dtype, device="cuda"), 0.5, causal, 0.3)
 
 
 # ---- dropout -----------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 // elements, the bars' N (and 2048, 8192, 32768, and 6144 / 12288 for the 16-bit re-read rows: 2^27 / N rows,
 // rounded down); forward bytes x + y, backward y + dy + dx (as bench/softmax.py counts).
 // Masked softmax: [B, H, L, L] scores (2^27 elements, H = 16, 8 at L = 4096), scale 1/8, a [B, 1, L, L] bool mask
-// (read through broadcast strides) or causal, dropout 0 or 0.1; the mask's bytes counted once.
+// or the same mask as an additive one (0 / -inf in the scores' dtype; both read through broadcast strides) or
+// causal, dropout 0 or 0.1; the mask's bytes counted once.
 #include "../../csrc/softmax/softmax_kernels.cu"
 #include "timing.cuh"
 
@@ -44,10 +45,15 @@ template <typename T> void time_dtype(DType dtype, const char* label, double cop
   }
 }
 
-// Bytes 0 or 1, one in ten 0 (as bench/softmax.py's mask).
+// Bytes 0 or 1, one in ten 0 (as bench/softmax.py's mask), and the same mask as an additive one.
+__device__ bool kept(size_t i) { return (static_cast<uint32_t>(i) * 0x9E3779B1u >> 16) % 10 != 0; }
 __global__ void bool_mask_kernel(char* mask, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    mask[i] = (static_cast<uint32_t>(i) * 0x9E3779B1u >> 16) % 10 != 0;
+    mask[i] = kept(i);
+}
+template <typename T> __global__ void additive_mask_kernel(T* mask, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    mask[i] = T(kept(i) ? 0.0f : -INFINITY);
 }
 
 template <typename T> void time_masked(DType dtype, const char* label, double copy) {
@@ -63,6 +69,8 @@ template <typename T> void time_masked(DType dtype, const char* label, double co
     const size_t mask_bytes = static_cast<size_t>(batch * length * length);
     char* mask = timing::empty_buffer<char>(mask_bytes);
     bool_mask_kernel<<<1024, 256>>>(mask, mask_bytes);
+    T* additive = timing::empty_buffer<T>(mask_bytes);
+    additive_mask_kernel<<<1024, 256>>>(additive, mask_bytes);
     fusedops::MaskLayout bool_layout;
     bool_layout.kind = fusedops::MaskKind::Bool;
     bool_layout.data = mask;
@@ -72,13 +80,17 @@ template <typename T> void time_masked(DType dtype, const char* label, double co
     bool_layout.lead_strides[1] = length * length;
     bool_layout.lead_strides[3] = length;
     bool_layout.col_stride = 1;
+    fusedops::MaskLayout additive_layout = bool_layout;
+    additive_layout.kind = fusedops::MaskKind::Additive;
+    additive_layout.data = additive;
     fusedops::MaskLayout causal_layout;
     for (int d = 1; d < fusedops::kMaxLeadDims; ++d) causal_layout.lead_sizes[d] = bool_layout.lead_sizes[d];
     for (const double p : {0.0, 0.1}) {
-      for (const bool causal : {false, true}) {
+      for (const char* kind : {"bool", "add", "causal"}) {
+        const bool causal = std::strcmp(kind, "causal") == 0, add = std::strcmp(kind, "add") == 0;
         if (causal && p == 0.0) continue;
-        const fusedops::MaskLayout& layout = causal ? causal_layout : bool_layout;
-        const double counted_mask = causal ? 0.0 : static_cast<double>(mask_bytes);
+        const fusedops::MaskLayout& layout = causal ? causal_layout : add ? additive_layout : bool_layout;
+        const double counted_mask = causal ? 0.0 : static_cast<double>(mask_bytes) * (add ? sizeof(T) : 1);
         fusedops::MaskedSoftmaxParams f{};
         f.x = x;
         f.out = out;
@@ -97,15 +109,16 @@ template <typename T> void time_masked(DType dtype, const char* label, double co
         fusedops::MaskedSoftmaxBackwardParams b{dy, x, lse, rng_state, dx, f.rows, length, length, length, length,
                                                 layout, 0.125, causal, p, p > 0.0};
         char name[48];
-        std::snprintf(name, sizeof(name), "%s_m%s%s_fwd", label, causal ? "causal" : "bool", p > 0.0 ? "_p" : "");
+        std::snprintf(name, sizeof(name), "%s_m%s%s_fwd", label, kind, p > 0.0 ? "_p" : "");
         timing::report(name, length, 2.0 * size * sizeof(T) + counted_mask,
                        timing::median_ms([&] { return fusedops::launch_masked_softmax_fwd(f, dtype, nullptr); }), copy);
-        std::snprintf(name, sizeof(name), "%s_m%s%s_bwd", label, causal ? "causal" : "bool", p > 0.0 ? "_p" : "");
+        std::snprintf(name, sizeof(name), "%s_m%s%s_bwd", label, kind, p > 0.0 ? "_p" : "");
         timing::report(name, length, 3.0 * size * sizeof(T) + counted_mask,
                        timing::median_ms([&] { return fusedops::launch_masked_softmax_bwd(b, dtype, nullptr); }), copy);
       }
     }
     cudaFree(mask);
+    cudaFree(additive);
   }
   cudaFree(lse);
   cudaFree(rng_state);

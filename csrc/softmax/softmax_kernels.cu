@@ -77,6 +77,11 @@ template <typename T> constexpr int kForwardRegisterElems = sizeof(T) == 2 ? 2 *
 // which counts the broadcast mask 16 times) and causal from 71 to 97%.
 constexpr int kMaskedForwardElems16 = 32;
 template <typename T> constexpr int kMaskedForwardRegisterElems = sizeof(T) == 2 ? kMaskedForwardElems16 : kRegisterElems;
+// Elements a thread keeps of a 16-bit forward row with an additive mask (whose values take as many
+// registers as the row's).
+constexpr int kAdditiveForwardElems16 = 32;
+template <typename T>
+constexpr int kAdditiveForwardRegisterElems = sizeof(T) == 2 ? kAdditiveForwardElems16 : kRegisterElems;
 // Registers of raw row data (current + prefetched row) above which a kernel would exceed 64
 // registers a thread (two 512-thread blocks per SM): such kernels load each row when they reach
 // it and hide latency with the second block instead.
@@ -468,6 +473,22 @@ template <typename T> struct MaskRow {
       return (1u << visible) - 1u;
     }
   }
+  // The additive mask's values of columns c0 ... (register and cluster rows, whose additive masks
+  // the host has checked to be vectors, see vector_mask), read with the row's data; zeros where
+  // not `live`.
+  template <int VEC> __device__ __forceinline__ AlignedVector<T, VEC> load_added(int64_t c0, bool live) const {
+    return load_live<T, VEC>(live, reinterpret_cast<const T*>(data) + c0);
+  }
+  // Adds an additive mask's vector (`added`, from load_added) to VEC scaled logits starting at
+  // column c0; -inf where hidden by the causal mask or not `live`, as the bool masks' bits do.
+  template <int VEC, bool kVectorMask>
+  __device__ __forceinline__ void apply(int64_t c0, const AlignedVector<T, VEC>& added, acc_t<T> (&scaled)[VEC],
+                                        bool live = true) const {
+    static_assert(kVectorMask, "additive vectors are read by register and cluster rows only");
+    const uint32_t visible = live ? causal_bits<VEC, true>(c0) : 0u;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) scaled[j] = (visible >> j) & 1u ? scaled[j] + to_acc(added.val[j]) : neg_inf<acc_t<T>>();
+  }
   // Masks VEC scaled logits starting at column c0: by one bit per column where the mask is
   // a vector of bool bytes (`bytes`, from load_bytes) or absent (causal only), else element by
   // element. kVectorMask compiles the element-by-element path out: kept in the register-row
@@ -496,6 +517,11 @@ template <typename T> struct MaskRow {
     }
   }
 };
+
+// What a register row reads of the mask with each vector of its data: the bool bytes, or with
+// ADDITIVE the additive mask's values.
+template <typename T, int VEC, bool ADDITIVE>
+using MaskVector = std::conditional_t<ADDITIVE, AlignedVector<T, VEC>, MaskBytes<VEC>>;
 
 // The divisions that place a row in the mask, prepared on the host once per launch: the lead
 // dims of size > 1 (innermost first) with their mask strides, then dims of size 1 and stride 0
@@ -691,8 +717,10 @@ template <typename T> struct BackwardArgs {
   HalfThreshold half_threshold;  // threshold's, for 16-bit rows
 };
 
-// What a forward row needs besides its data: the mask row and the dropout key.
-template <typename T, bool MASKED> struct ForwardRow {
+// What a forward row needs besides its data: the mask row and the dropout key. ADDITIVE: the
+// row's additive mask is read as vectors (register and cluster rows).
+template <typename T, bool MASKED, bool ADDITIVE = false> struct ForwardRow {
+  static_assert(MASKED || !ADDITIVE, "an additive mask is a mask");
   MaskRow<T> mask;
   PhiloxKey key;
   __device__ ForwardRow(const ForwardArgs<T>& a, int64_t row) {
@@ -706,21 +734,26 @@ template <typename T, bool MASKED> struct ForwardRow {
     return false;
   }
   template <int VEC, bool kVectorMask = false>
-  __device__ __forceinline__ MaskBytes<VEC> mask_bytes(int64_t c0, bool live) const {
-    if constexpr (MASKED) return mask.template load_bytes<VEC, kVectorMask>(c0, live);
+  __device__ __forceinline__ MaskVector<T, VEC, ADDITIVE> mask_vector(int64_t c0, bool live) const {
+    if constexpr (ADDITIVE) {
+      return mask.template load_added<VEC>(c0, live);
+    } else if constexpr (MASKED) {
+      return mask.template load_bytes<VEC, kVectorMask>(c0, live);
+    }
     return {};
   }
   // The VEC logits of x[c0 ...]: scaled (unless kUnscaled: rows that fold the scale into their
-  // exps), then masked (`bytes`: mask_bytes). Rounded products: an FMA of the scaling into a
+  // exps), then masked (`mask_vec`: mask_vector). Rounded products: an FMA of the scaling into a
   // later subtraction of the row max (taken over rounded products) would be off by the
   // product's rounding error, which is huge for huge logits.
   template <int VEC, bool kVectorMask = false, bool kUnscaled = false>
   __device__ __forceinline__ void logits(const ForwardArgs<T>& a, int64_t c0, const AlignedVector<T, VEC>& x,
-                                         const MaskBytes<VEC>& bytes, acc_t<T> (&out)[VEC], bool live = true) const {
+                                         const MaskVector<T, VEC, ADDITIVE>& mask_vec, acc_t<T> (&out)[VEC],
+                                         bool live = true) const {
     widen(x, out);
 #pragma unroll
     for (int j = 0; j < VEC; ++j) out[j] = kUnscaled ? out[j] : mul_rn(out[j], a.scale);
-    if constexpr (MASKED) mask.template apply<VEC, kVectorMask>(c0, bytes, out, live);
+    if constexpr (MASKED) mask.template apply<VEC, kVectorMask>(c0, mask_vec, out, live);
   }
   // Stores the outputs of columns c0 ... of `row` from their VEC logits, or with kExps (never
   // for log_softmax) from exp(logit - m) for some m, whose probabilities (with dropout: times
@@ -780,8 +813,10 @@ template <typename T, bool MASKED> struct ForwardRow {
 //   log_softmax: partial = g,      dx = scale * (g - exp(y) * S)
 // with S the row sum of partial. Masked softmax recomputes y = exp(logit - lse) and zeros g
 // where dropout dropped the output; the dropout's keep_scale, a factor of every kept g, of S
-// and so of dx, is taken into `scale` (one multiply a row instead of one an element).
-template <typename T, bool MASKED> struct BackwardRow {
+// and so of dx, is taken into `scale` (one multiply a row instead of one an element). ADDITIVE as
+// in ForwardRow.
+template <typename T, bool MASKED, bool ADDITIVE = false> struct BackwardRow {
+  static_assert(MASKED || !ADDITIVE, "an additive mask is a mask");
   MaskRow<T> mask;
   PhiloxKey key;
   acc_t<T> lse;
@@ -816,15 +851,19 @@ template <typename T, bool MASKED> struct BackwardRow {
     }
   }
   template <int VEC, bool kVectorMask = false>
-  __device__ __forceinline__ MaskBytes<VEC> mask_bytes(int64_t c0, bool live) const {
-    if constexpr (MASKED) return mask.template load_bytes<VEC, kVectorMask>(c0, live);
+  __device__ __forceinline__ MaskVector<T, VEC, ADDITIVE> mask_vector(int64_t c0, bool live) const {
+    if constexpr (ADDITIVE) {
+      return mask.template load_added<VEC>(c0, live);
+    } else if constexpr (MASKED) {
+      return mask.template load_bytes<VEC, kVectorMask>(c0, live);
+    }
     return {};
   }
   // keep_of(): the vector's dropout decisions, drawn only where a.dropout: bits (keep()) or a
   // PackedKeep (register_keep()), which zeros the dropped dy in their packed words.
   template <int VEC, bool kVectorMask = false, class KeepOf>
   __device__ __forceinline__ void prepare(const BackwardArgs<T>& a, int64_t c0, const AlignedVector<T, VEC>& va,
-                                          const AlignedVector<T, VEC>& vdy, const MaskBytes<VEC>& bytes,
+                                          const AlignedVector<T, VEC>& vdy, const MaskVector<T, VEC, ADDITIVE>& mask_vec,
                                           KeepOf keep_of, acc_t<T> (&y)[VEC], acc_t<T> (&g)[VEC]) const {
     widen(va, y);
     if constexpr (MASKED) {
@@ -841,7 +880,7 @@ template <typename T, bool MASKED> struct BackwardRow {
       widen(kept_dy, g);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) y[j] = mul_rn(y[j], a.scale);  // as the forward's logits
-      mask.template apply<VEC, kVectorMask>(c0, bytes, y);
+      mask.template apply<VEC, kVectorMask>(c0, mask_vec, y);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         y[j] = exp_acc<T>(y[j] - lse);
@@ -1019,14 +1058,15 @@ __device__ __forceinline__ void prefetch_row_l2(const Args& a, const T* tensor, 
 
 // ROW_GRID: launched on row_grid's 3D grid (masked rows of one row a block), see RowCursor.
 // DRAW_ALL: masked rows with dropout and without the causal mask (see kDrawAll).
+// ADDITIVE: masked rows whose mask is additive (see ForwardRow).
 template <typename T, int G, int ITEMS, int VEC, bool MASKED, int CLUSTER, bool PERSISTENT, bool ROW_GRID = false,
-          bool DRAW_ALL = false>
+          bool DRAW_ALL = false, bool ADDITIVE = false>
 __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKED, CLUSTER, masked_forward_threads_per_sm<T>(G)))
     register_forward_kernel(ForwardArgs<T> a) {
   using A = acc_t<T>;
   using Cursor = RowCursor<G, CLUSTER, ROW_GRID>;
   using Vec = AlignedVector<T, VEC>;
-  using Ctx = ForwardRow<T, MASKED>;
+  using Ctx = ForwardRow<T, MASKED, ADDITIVE>;
   constexpr bool kPrefetch = PERSISTENT && register_prefetch<T, G, ITEMS, VEC, 1, MASKED>();
   // Clusters take each thread's exps against its own max, so that their blocks exchange one
   // (max, sum) pair behind one barrier; a single group reduces the row max first, then takes the
@@ -1034,8 +1074,9 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
   constexpr bool kOnePass = CLUSTER > 1;
   // Masked 16-bit rows of one group fold the scale into their exps: exp2((x - max x) * scale *
   // log2 e), one multiply an element fewer; the host sends them a finite scale > 0 only, for
-  // which the max of x is that of the logits (other scales take streamed rows).
-  constexpr bool kFoldScale = MASKED && !kOnePass && sizeof(T) == 2;
+  // which the max of x is that of the logits (other scales take streamed rows). Not with an
+  // additive mask, whose values change the max.
+  constexpr bool kFoldScale = MASKED && !ADDITIVE && !kOnePass && sizeof(T) == 2;
   const MaxSum<A> identity{neg_inf<A>(), A(0)};
   __shared__ A scratch[32];
   __shared__ MaxSum<A> slots[2];
@@ -1071,9 +1112,9 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
       next_ctx = context(next_row);
       load(next_row, next_ctx, next);
     }
-    // Without prefetch, every load of the row (data and mask bytes) is issued here, before any
+    // Without prefetch, every load of the row (data and mask) is issued here, before any
     // arithmetic (see load_live).
-    MaskBytes<VEC> bytes[ITEMS];
+    MaskVector<T, VEC, ADDITIVE> masks[ITEMS];
     if constexpr (!kPrefetch) {
       const T* x = a.x + row * a.x_row_stride;
 #pragma unroll
@@ -1081,7 +1122,7 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
         const int c0 = slice.column(i);
         const bool live = valid && c0 < cols && !ctx.hidden_from(c0);
         cur[i] = load_live<T, VEC>(live, x + c0);
-        bytes[i] = ctx.template mask_bytes<VEC, true>(c0, live);
+        masks[i] = ctx.template mask_vector<VEC, true>(c0, live);
       }
     }
     // The dropout decisions of the thread's vectors, drawn while the loads are in flight: drawn
@@ -1117,7 +1158,7 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
         for (int j = 0; j < VEC; ++j) values[i][j] = neg_inf<A>();
         continue;
       }
-      ctx.template logits<VEC, true, kFoldScale>(a, c0, cur[i], bytes[i], values[i], live);
+      ctx.template logits<VEC, true, kFoldScale>(a, c0, cur[i], masks[i], values[i], live);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         if (!MASKED && kBranchless && !live) values[i][j] = neg_inf<A>();
@@ -1210,8 +1251,9 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
 }
 
 // DRAW_ALL: 16-bit masked rows with dropout and without the causal mask (see kDrawAll).
+// ADDITIVE: masked rows whose mask is additive (see BackwardRow).
 template <typename T, int G, int ITEMS, int VEC, bool MASKED, int CLUSTER, bool PERSISTENT, bool ROW_GRID = false,
-          bool DRAW_ALL = false>
+          bool DRAW_ALL = false, bool ADDITIVE = false>
 __global__ void __launch_bounds__(block_threads(G),
                                   sizeof(T) == 4 ? register_min_blocks(G, MASKED, CLUSTER, kMaskedBackwardThreadsPerSM) : 0)
     register_backward_kernel(BackwardArgs<T> a) {
@@ -1219,7 +1261,7 @@ __global__ void __launch_bounds__(block_threads(G),
   using A = acc_t<T>;
   using Cursor = RowCursor<G, CLUSTER, ROW_GRID>;
   using Vec = AlignedVector<T, VEC>;
-  using Ctx = BackwardRow<T, MASKED>;
+  using Ctx = BackwardRow<T, MASKED, ADDITIVE>;
   constexpr bool kPrefetch = PERSISTENT && register_prefetch<T, G, ITEMS, VEC, 2, MASKED>();
   // (y, g) of every vector are kept through the reduction by masked rows (remaking them costs
   // mask reads, exps and Philox) and by rows without prefetch; plain rows that prefetch remake
@@ -1266,9 +1308,9 @@ __global__ void __launch_bounds__(block_threads(G),
       next_ctx = context(next_row);
       load(next_row, next_ctx, next_a, next_dy);
     }
-    // Without prefetch, every load of the row (both tensors and the mask bytes) is issued here,
-    // before any arithmetic (see load_live).
-    MaskBytes<VEC> bytes[ITEMS];
+    // Without prefetch, every load of the row (both tensors and the mask) is issued here, before
+    // any arithmetic (see load_live).
+    MaskVector<T, VEC, ADDITIVE> masks[ITEMS];
     if constexpr (!kPrefetch) {
       const T* src_a = a.a + row * a.a_row_stride;
       const T* src_dy = a.dy + row * a.dy_row_stride;
@@ -1278,7 +1320,7 @@ __global__ void __launch_bounds__(block_threads(G),
         const bool live = valid && c0 < cols && !ctx.hidden_from(c0);
         cur_a[i] = load_live<T, VEC>(live, src_a + c0);
         cur_dy[i] = load_live<T, VEC>(live, src_dy + c0);
-        bytes[i] = ctx.template mask_bytes<VEC, true>(c0, live);
+        masks[i] = ctx.template mask_vector<VEC, true>(c0, live);
       }
     }
     // (y, g) of every vector; 0 outside the row and where hidden, so dx = 0 there (plain rows
@@ -1307,7 +1349,7 @@ __global__ void __launch_bounds__(block_threads(G),
         for (int j = 0; j < VEC; ++j) y[i][j] = g[i][j] = A(0);
         continue;
       }
-      ctx.template prepare<VEC, true>(a, c0, cur_a[i], cur_dy[i], bytes[i],
+      ctx.template prepare<VEC, true>(a, c0, cur_a[i], cur_dy[i], masks[i],
                                       [&] {
                                         if constexpr (DRAW_ALL) {
                                           return drawn[i];
@@ -1335,7 +1377,7 @@ __global__ void __launch_bounds__(block_threads(G),
           for (int j = 0; j < VEC; ++j) v.val[j] = from_acc<T>(A(0));
         } else {
           if constexpr (kRemake) {
-            ctx.template prepare<VEC, true>(a, c0, cur_a[i], cur_dy[i], bytes[i], [] { return ~0u; }, y[i], g[i]);
+            ctx.template prepare<VEC, true>(a, c0, cur_a[i], cur_dy[i], masks[i], [] { return ~0u; }, y[i], g[i]);
           }
 #pragma unroll
           for (int j = 0; j < VEC; ++j) v.val[j] = from_acc<T>(ctx.grad(a, y[i][j], g[i][j], sum));
@@ -1391,7 +1433,7 @@ __global__ void __launch_bounds__(block_threads(G)) streamed_forward_kernel(Forw
     A max = neg_inf<A>(), sum = 0;
     stream_row<G, VEC, CACHE, true>(x, cache, cols, [&](int64_t c0, const AlignedVector<T, VEC>& v) {
       A logits[VEC];
-      ctx.template logits<VEC>(a, c0, v, ctx.template mask_bytes<VEC>(c0, true), logits);
+      ctx.template logits<VEC>(a, c0, v, ctx.template mask_vector<VEC>(c0, true), logits);
       A vmax = neg_inf<A>();
 #pragma unroll
       for (int j = 0; j < VEC; ++j) vmax = logits[j] > vmax ? logits[j] : vmax;
@@ -1410,7 +1452,7 @@ __global__ void __launch_bounds__(block_threads(G)) streamed_forward_kernel(Forw
     const RowStats<T> stats(row_max, sum, a.log);
     stream_row<G, VEC, CACHE, false>(x, cache, cols, [&](int64_t c0, const AlignedVector<T, VEC>& v) {
       A logits[VEC];
-      ctx.template logits<VEC>(a, c0, v, ctx.template mask_bytes<VEC>(c0, true), logits);
+      ctx.template logits<VEC>(a, c0, v, ctx.template mask_vector<VEC>(c0, true), logits);
       ctx.template store<VEC, MASKED>(a, row, c0, logits, ctx.template keep<VEC>(a, row, c0), stats);
     });
     if (valid && Cursor::lane() == 0) ctx.finish(a, row, stats);
@@ -1456,7 +1498,7 @@ __global__ void __launch_bounds__(block_threads(G)) streamed_backward_kernel(Bac
               store_vector<T, VEC>(cache_dy + cu, vdy[u]);
             }
             A y[VEC], g[VEC];
-            ctx.template prepare<VEC>(a, cu, va[u], vdy[u], ctx.template mask_bytes<VEC>(cu, true),
+            ctx.template prepare<VEC>(a, cu, va[u], vdy[u], ctx.template mask_vector<VEC>(cu, true),
                                       [&] { return ctx.template keep<VEC>(a, row, cu); }, y, g);
             f(cu, y, g);
           }
@@ -2434,8 +2476,9 @@ cudaError_t dispatch_plan(const Plan& plan, Launch launch) {
 }
 
 // Launches the forward's or the backward's kernel of each kind of row, for dispatch_plan. The
-// forward reads one row tensor, the backward two.
-template <typename T, bool MASKED, bool BACKWARD> struct RowLaunch {
+// forward reads one row tensor, the backward two. ADDITIVE: register and cluster rows read an
+// additive mask as vectors (streamed rows read any mask element by element).
+template <typename T, bool MASKED, bool BACKWARD, bool ADDITIVE = false> struct RowLaunch {
   using Scalar = T;
   using Args = std::conditional_t<BACKWARD, BackwardArgs<T>, ForwardArgs<T>>;
   static constexpr int kTensors = BACKWARD ? 2 : 1;
@@ -2445,9 +2488,9 @@ template <typename T, bool MASKED, bool BACKWARD> struct RowLaunch {
   template <int G, int ITEMS, int VEC, int CLUSTER, bool PERSISTENT, bool ROW_GRID = false, bool DRAW_ALL = false>
   static constexpr auto register_kernel() {
     if constexpr (BACKWARD) {
-      return register_backward_kernel<T, G, ITEMS, VEC, MASKED, CLUSTER, PERSISTENT, ROW_GRID, DRAW_ALL>;
+      return register_backward_kernel<T, G, ITEMS, VEC, MASKED, CLUSTER, PERSISTENT, ROW_GRID, DRAW_ALL, ADDITIVE>;
     } else {
-      return register_forward_kernel<T, G, ITEMS, VEC, MASKED, CLUSTER, PERSISTENT, ROW_GRID, DRAW_ALL>;
+      return register_forward_kernel<T, G, ITEMS, VEC, MASKED, CLUSTER, PERSISTENT, ROW_GRID, DRAW_ALL, ADDITIVE>;
     }
   }
   template <int G, int ITEMS, int VEC, bool PERSISTENT> cudaError_t register_rows() const {
@@ -2500,19 +2543,21 @@ template <typename T, bool MASKED, bool BACKWARD> struct RowLaunch {
     }
   }
 };
-template <typename T, bool MASKED> using ForwardLaunch = RowLaunch<T, MASKED, false>;
-template <typename T, bool MASKED> using BackwardLaunch = RowLaunch<T, MASKED, true>;
+template <typename T, bool MASKED, bool ADDITIVE = false> using ForwardLaunch = RowLaunch<T, MASKED, false, ADDITIVE>;
+template <typename T, bool MASKED, bool ADDITIVE = false> using BackwardLaunch = RowLaunch<T, MASKED, true, ADDITIVE>;
 
 bool rows_aligned(const void* ptr, int64_t row_stride, int elem_bytes) {
   return is_aligned(ptr, 16) && (row_stride * elem_bytes) % 16 == 0;
 }
 
-// Whether the mask reads as one bit per column from vectors of `vec` bool bytes (or there is
-// none: causal only), as register and cluster rows read it: contiguous along the row, and every
-// row's mask starting `vec`-aligned. Additive and other bool masks take streamed rows.
-bool vector_mask(const MaskLayout& m, int vec) {
+// Whether the mask reads as vectors of `vec` elements (or there is none: causal only), as
+// register and cluster rows read it (bool bytes as one bit per column, additive values of the
+// input's dtype as they are): contiguous along the row, and every row's mask starting at a
+// vector-aligned address. Other masks take streamed rows.
+template <typename T> bool vector_mask(const MaskLayout& m, int vec) {
   if (m.kind == MaskKind::None) return true;
-  if (m.kind != MaskKind::Bool || m.col_stride != 1 || !is_aligned(m.data, vec)) return false;
+  const int elem_bytes = m.kind == MaskKind::Bool ? 1 : static_cast<int>(sizeof(T));
+  if (m.col_stride != 1 || !is_aligned(m.data, vec * elem_bytes)) return false;
   for (int d = 0; d < kMaxLeadDims; ++d) {
     if (m.lead_sizes[d] > 1 && m.lead_strides[d] % vec != 0) return false;
   }
@@ -2675,15 +2720,20 @@ cudaError_t launch_masked_softmax_fwd(const MaskedSoftmaxParams& p, DType dtype,
     masked_args<T>(p, args);
     args.philox = p.philox;
     if (!p.philox.captured) args.schedule = philox_schedule({p.philox.seed, p.philox.offset});
-    // 16-bit register rows fold the scale into their exps, which needs a finite scale > 0; with
-    // another scale every 16-bit masked row takes streamed rows (the plan has no separate switch
-    // for register rows of one group).
-    const bool foldable = sizeof(T) != 2 || (std::isfinite(p.scale) && p.scale > 0.0);
+    // 16-bit register rows without an additive mask fold the scale into their exps, which needs a
+    // finite scale > 0; with another scale every such 16-bit row takes streamed rows (the plan
+    // has no separate switch for register rows of one group).
+    const bool additive = p.mask.kind == MaskKind::Additive;
+    const bool foldable = additive || sizeof(T) != 2 || (std::isfinite(p.scale) && p.scale > 0.0);
     const bool aligned = rows_aligned(p.x, p.x_row_stride, sizeof(T)) && is_aligned(p.out, 16);
-    Plan plan = make_plan<T>(p.cols, aligned && foldable, 1, kMaskedForwardRegisterElems<T>, true,
-                             vector_mask(p.mask, kVec16<T>));
-    plan.row_grid = row_grid<T>(p.mask, plan, p.rows, p.cols, 2);
-    return dispatch_plan<T, kMaskedForwardRegisterElems<T>>(plan, ForwardLaunch<T, true>{args, plan, stream});
+    const auto launch = [&](auto additive_mask) {
+      constexpr bool kAdditive = decltype(additive_mask)::value;
+      constexpr int kPerThread = kAdditive ? kAdditiveForwardRegisterElems<T> : kMaskedForwardRegisterElems<T>;
+      Plan plan = make_plan<T>(p.cols, aligned && foldable, 1, kPerThread, true, vector_mask<T>(p.mask, kVec16<T>));
+      plan.row_grid = row_grid<T>(p.mask, plan, p.rows, p.cols, 2);
+      return dispatch_plan<T, kPerThread>(plan, ForwardLaunch<T, true, kAdditive>{args, plan, stream});
+    };
+    return additive ? launch(std::true_type{}) : launch(std::false_type{});
   });
 }
 
@@ -2694,8 +2744,11 @@ cudaError_t launch_masked_softmax_bwd(const MaskedSoftmaxBackwardParams& p, DTyp
     masked_args<T>(p, args);
     const bool aligned = rows_aligned(p.x, p.x_row_stride, sizeof(T)) &&
                          rows_aligned(p.dy, p.dy_row_stride, sizeof(T)) && is_aligned(p.dx, 16);
-    Plan plan = make_plan<T>(p.cols, aligned, 2, kRegisterElems, true, vector_mask(p.mask, kVec16<T>));
+    Plan plan = make_plan<T>(p.cols, aligned, 2, kRegisterElems, true, vector_mask<T>(p.mask, kVec16<T>));
     plan.row_grid = row_grid<T>(p.mask, plan, p.rows, p.cols, 3);
+    if (p.mask.kind == MaskKind::Additive) {
+      return dispatch_plan<T, kRegisterElems>(plan, BackwardLaunch<T, true, true>{args, plan, stream});
+    }
     return dispatch_plan<T, kRegisterElems>(plan, BackwardLaunch<T, true>{args, plan, stream});
   });
 }
