@@ -3,8 +3,10 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "../../csrc/elementwise/elementwise.h"
@@ -133,6 +135,167 @@ bool test_softmax_backward_bf16(int rows, int cols) {
   return true;
 }
 
+// Masked softmax over H heads of [L, cols] scores sharing one [L, cols] mask, read as vectors
+// by register rows (cols 1000, 4096) and cluster rows (20000).
+struct MaskedCase {
+  int heads = 3, length = 6, cols;
+  int64_t rows() const { return int64_t(heads) * length; }
+  size_t size() const { return size_t(rows()) * cols; }
+  size_t mask_size() const { return size_t(length) * cols; }
+  fusedops::MaskLayout layout(fusedops::MaskKind kind, const void* data) const {
+    fusedops::MaskLayout m;
+    m.kind = kind;
+    m.data = data;
+    m.lead_sizes[2] = heads;
+    m.lead_sizes[3] = length;
+    m.lead_strides[3] = cols;
+    m.col_stride = 1;
+    return m;
+  }
+};
+
+// Runs the forward and the backward of a masked softmax on device tensors; out and dx to the host.
+template <typename T>
+bool run_masked(const MaskedCase& c, fusedops::DType dtype, const fusedops::MaskLayout& mask, const T* x, const T* dy,
+                bool causal, double p, std::vector<T>& out, std::vector<T>& dx) {
+  T *dev_out, *dev_dx;
+  float* lse;
+  int64_t* rng_state;
+  const size_t bytes = c.size() * sizeof(T);
+  CHECK_CUDA(cudaMalloc(&dev_out, bytes));
+  CHECK_CUDA(cudaMalloc(&dev_dx, bytes));
+  CHECK_CUDA(cudaMalloc(&lse, c.rows() * sizeof(float)));
+  CHECK_CUDA(cudaMalloc(&rng_state, 2 * sizeof(int64_t)));
+  CHECK_CUDA(cudaMemset(dev_out, 0xff, bytes));  // NaN poison
+  CHECK_CUDA(cudaMemset(dev_dx, 0xff, bytes));
+  fusedops::MaskedSoftmaxParams f{};
+  f.x = x;
+  f.out = dev_out;
+  f.lse = lse;
+  f.rng_state = rng_state;
+  f.rows = c.rows();
+  f.cols = c.cols;
+  f.x_row_stride = c.cols;
+  f.q_len = c.length;
+  f.mask = mask;
+  f.scale = 0.5;
+  f.causal = causal;
+  f.p = p;
+  f.dropout = p > 0.0;
+  f.philox.seed = 7;
+  const fusedops::MaskedSoftmaxBackwardParams b{dy,     x,   lse,    rng_state, dev_dx, f.rows, c.cols, c.cols,
+                                                c.cols, c.length, mask, 0.5, causal,    p,      p > 0.0};
+  CHECK_CUDA(fusedops::launch_masked_softmax_fwd(f, dtype, nullptr));
+  CHECK_CUDA(fusedops::launch_masked_softmax_bwd(b, dtype, nullptr));
+  out.resize(c.size());
+  dx.resize(c.size());
+  CHECK_CUDA(cudaMemcpy(out.data(), dev_out, bytes, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(dx.data(), dev_dx, bytes, cudaMemcpyDeviceToHost));
+  for (void* ptr : {static_cast<void*>(dev_out), static_cast<void*>(dev_dx), static_cast<void*>(lse),
+                    static_cast<void*>(rng_state)})
+    cudaFree(ptr);
+  return true;
+}
+
+template <typename T> bool upload(const std::vector<T>& host, T** dev) {
+  CHECK_CUDA(cudaMalloc(dev, host.size() * sizeof(T)));
+  CHECK_CUDA(cudaMemcpy(*dev, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return true;
+}
+
+// fp32: an additive mask of 0 and -inf gives the bool mask's output and gradient bit for bit
+// (the same logits either way), with and without causal masking and dropout.
+bool test_additive_mask_is_bool_mask_fp32(int cols) {
+  const MaskedCase c{3, 6, cols};
+  const std::vector<float> x_values = random_values(c.size(), 7), dy_values = random_values(c.size(), 8);
+  const std::vector<float> draws = random_values(c.mask_size(), 9);
+  std::vector<char> keep(c.mask_size());
+  std::vector<float> additive(c.mask_size());
+  for (size_t i = 0; i < keep.size(); ++i) {
+    keep[i] = draws[i] > -1.2f;  // about 80% kept
+    additive[i] = keep[i] ? 0.0f : -INFINITY;
+  }
+  float *x, *dy, *dev_additive;
+  char* dev_keep;
+  if (!upload(x_values, &x) || !upload(dy_values, &dy) || !upload(additive, &dev_additive) || !upload(keep, &dev_keep))
+    return false;
+  bool ok = true;
+  for (const bool causal : {false, true}) {
+    for (const double p : {0.0, 0.3}) {
+      std::vector<float> out_bool, dx_bool, out_add, dx_add;
+      ok = ok &&
+           run_masked(c, fusedops::DType::Float32, c.layout(fusedops::MaskKind::Bool, dev_keep), x, dy, causal, p,
+                      out_bool, dx_bool) &&
+           run_masked(c, fusedops::DType::Float32, c.layout(fusedops::MaskKind::Additive, dev_additive), x, dy, causal,
+                      p, out_add, dx_add);
+      if (ok && (std::memcmp(out_bool.data(), out_add.data(), c.size() * sizeof(float)) != 0 ||
+                 std::memcmp(dx_bool.data(), dx_add.data(), c.size() * sizeof(float)) != 0)) {
+        std::fprintf(stderr, "masked softmax fp32 cols %d causal %d p %g: additive 0 / -inf differs from bool\n", cols,
+                     causal, p);
+        ok = false;
+      }
+    }
+  }
+  for (void* ptr : {static_cast<void*>(x), static_cast<void*>(dy), static_cast<void*>(dev_additive),
+                    static_cast<void*>(dev_keep)})
+    cudaFree(ptr);
+  return ok;
+}
+
+// bf16 scores with an additive mask of bias values and -inf (a fully masked row included),
+// against a double-precision host loop on the same bf16 inputs: y = softmax(x * scale + mask),
+// dx = scale * y * (dy - sum(y * dy)); each may be off by its bf16 rounding (2^-9 relative,
+// allowed twice) plus the fp32 arithmetic's error.
+bool test_additive_mask_bf16(int cols, bool causal) {
+  const MaskedCase c{3, 6, cols};
+  const std::vector<float> x_values = random_values(c.size(), 10), dy_values = random_values(c.size(), 11);
+  const std::vector<float> mask_values = random_values(c.mask_size(), 12);
+  std::vector<__nv_bfloat16> x(c.size()), dy(c.size()), mask(c.mask_size()), out, dx;
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = __float2bfloat16(x_values[i]);
+    dy[i] = __float2bfloat16(dy_values[i]);
+  }
+  for (size_t i = 0; i < mask.size(); ++i) {
+    const bool hidden = i % 7 == 3 || i / cols == 4;  // query 4's row fully masked
+    mask[i] = __float2bfloat16(hidden ? -INFINITY : mask_values[i]);
+  }
+  __nv_bfloat16 *dev_x, *dev_dy, *dev_mask;
+  if (!upload(x, &dev_x) || !upload(dy, &dev_dy) || !upload(mask, &dev_mask)) return false;
+  bool ok = run_masked(c, fusedops::DType::BFloat16, c.layout(fusedops::MaskKind::Additive, dev_mask), dev_x, dev_dy,
+                       causal, 0.0, out, dx);
+  cudaFree(dev_x);
+  cudaFree(dev_dy);
+  cudaFree(dev_mask);
+  std::vector<double> logits(cols), y(cols);
+  for (int64_t r = 0; ok && r < c.rows(); ++r) {
+    const size_t row = size_t(r) * cols, mask_row = size_t(r % c.length) * cols;
+    double max_logit = -INFINITY;
+    for (int j = 0; j < cols; ++j) {
+      const bool visible = !causal || j <= r % c.length;
+      logits[j] = visible ? double(__bfloat162float(x[row + j])) * 0.5 + __bfloat162float(mask[mask_row + j]) : -INFINITY;
+      max_logit = std::max(max_logit, logits[j]);
+    }
+    double sum = 0, dot = 0, magnitude = 0;
+    for (int j = 0; j < cols; ++j) sum += y[j] = max_logit == -INFINITY ? 0.0 : std::exp(logits[j] - max_logit);
+    for (int j = 0; j < cols; ++j) {
+      y[j] = sum > 0 ? y[j] / sum : 0.0;
+      dot += y[j] * __bfloat162float(dy[row + j]);
+      magnitude += std::fabs(y[j] * __bfloat162float(dy[row + j]));
+    }
+    for (int j = 0; ok && j < cols; ++j) {
+      const double expected_dx = 0.5 * y[j] * (__bfloat162float(dy[row + j]) - dot);
+      const double got_y = __bfloat162float(out[row + j]), got_dx = __bfloat162float(dx[row + j]);
+      if (!(std::fabs(got_y - y[j]) <= y[j] / 128.0 + 1e-6) ||
+          !(std::fabs(got_dx - expected_dx) <= std::fabs(expected_dx) / 128.0 + y[j] * magnitude * 1e-4 + 1e-9)) {
+        std::fprintf(stderr, "masked softmax bf16 additive cols %d causal %d: [%lld][%d] y %g (expected %g), dx %g (expected %g)\n",
+                     cols, causal, static_cast<long long>(r), j, got_y, y[j], got_dx, expected_dx);
+        ok = false;
+      }
+    }
+  }
+  return ok;
+}
+
 }  // namespace
 
 int main() {
@@ -143,6 +306,10 @@ int main() {
   }
   bool ok = test_scale_bias(3, 7) && test_scale_bias(129, 1024) && test_swiglu(1) && test_swiglu(100003);
   for (const int cols : {1001, 4096, 8192, 16384}) ok = ok && test_softmax_backward_bf16(600, cols);
+  for (const int cols : {1000, 4096, 20000}) {
+    ok = ok && test_additive_mask_is_bool_mask_fp32(cols);
+    for (const bool causal : {false, true}) ok = ok && test_additive_mask_bf16(cols, causal);
+  }
   std::printf("test_kernels: %s\n", ok ? "passed" : "FAILED");
   return ok ? 0 : 1;
 }
