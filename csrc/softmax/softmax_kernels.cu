@@ -78,7 +78,10 @@ template <typename T> constexpr int kForwardRegisterElems = sizeof(T) == 2 ? 2 *
 constexpr int kMaskedForwardElems16 = 32;
 template <typename T> constexpr int kMaskedForwardRegisterElems = sizeof(T) == 2 ? kMaskedForwardElems16 : kRegisterElems;
 // Elements a thread keeps of a 16-bit forward row with an additive mask (whose values take as many
-// registers as the row's).
+// registers as the row's). 32 as with a bool mask: warp rows (L <= 1024) take 76-80 registers
+// at 768 threads an SM, no spills, but block rows spill 48-76 bytes a thread at 1024 threads an
+// SM and ran at 53-56% of copy (bf16 L = 2048 / 4096, launcher timing, H100, session 39), where
+// 16 ran at 85-87 and cost warp rows 4-9 points (see docs/softmax.md).
 constexpr int kAdditiveForwardElems16 = 32;
 template <typename T>
 constexpr int kAdditiveForwardRegisterElems = sizeof(T) == 2 ? kAdditiveForwardElems16 : kRegisterElems;
