@@ -183,8 +183,8 @@ bool run_masked(const MaskedCase& c, fusedops::DType dtype, const fusedops::Mask
   f.p = p;
   f.dropout = p > 0.0;
   f.philox.seed = 7;
-  const fusedops::MaskedSoftmaxBackwardParams b{dy,     x,   lse,    rng_state, dev_dx, f.rows, c.cols, c.cols,
-                                                c.cols, c.length, mask, 0.5, causal,    p,      p > 0.0};
+  const fusedops::MaskedSoftmaxBackwardParams b{dy,     x,        lse,  rng_state, dev_dx, f.rows, c.cols, c.cols,
+                                                c.cols, c.length, mask, f.scale,   causal, p,      p > 0.0};
   CHECK_CUDA(fusedops::launch_masked_softmax_fwd(f, dtype, nullptr));
   CHECK_CUDA(fusedops::launch_masked_softmax_bwd(b, dtype, nullptr));
   out.resize(c.size());
