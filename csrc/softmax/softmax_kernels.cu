@@ -77,14 +77,6 @@ template <typename T> constexpr int kForwardRegisterElems = sizeof(T) == 2 ? 2 *
 // which counts the broadcast mask 16 times) and causal from 71 to 97%.
 constexpr int kMaskedForwardElems16 = 32;
 template <typename T> constexpr int kMaskedForwardRegisterElems = sizeof(T) == 2 ? kMaskedForwardElems16 : kRegisterElems;
-// Elements a thread keeps of a 16-bit forward row with an additive mask (whose values take as many
-// registers as the row's). 32 as with a bool mask: warp rows (L <= 1024) take 76-80 registers
-// at 768 threads an SM, no spills, but block rows spill 48-76 bytes a thread at 1024 threads an
-// SM and ran at 53-56% of copy (bf16 L = 2048 / 4096, launcher timing, H100, session 39), where
-// 16 ran at 85-87 and cost warp rows 4-9 points (see docs/softmax.md).
-constexpr int kAdditiveForwardElems16 = 32;
-template <typename T>
-constexpr int kAdditiveForwardRegisterElems = sizeof(T) == 2 ? kAdditiveForwardElems16 : kRegisterElems;
 // Registers of raw row data (current + prefetched row) above which a kernel would exceed 64
 // registers a thread (two 512-thread blocks per SM): such kernels load each row when they reach
 // it and hide latency with the second block instead.
@@ -408,6 +400,11 @@ __device__ __forceinline__ AlignedVector<T, VEC> load_live(bool live, const T* s
 
 template <int VEC> using MaskBytes = AlignedVector<char, VEC>;
 
+// What a register row reads of the mask with each vector of its data: the bool bytes, or with
+// ADDITIVE the additive mask's values.
+template <typename T, int VEC, bool ADDITIVE>
+using MaskVector = std::conditional_t<ADDITIVE, AlignedVector<T, VEC>, MaskBytes<VEC>>;
+
 // Bit j set when bool byte j is true. torch bools are bytes 0 or 1, so a word's four bytes,
 // masked to their low bits, times 0x01020408 land as bits 0-3 of its top byte (byte i times
 // 2^(3-i); no sum exceeds 15, so nothing carries): three instructions per four columns where
@@ -482,6 +479,15 @@ template <typename T> struct MaskRow {
   template <int VEC> __device__ __forceinline__ AlignedVector<T, VEC> load_added(int64_t c0, bool live) const {
     return load_live<T, VEC>(live, reinterpret_cast<const T*>(data) + c0);
   }
+  // The mask of columns c0 ... as a register row reads it with its data (MaskVector).
+  template <int VEC, bool kVectorMask, bool ADDITIVE>
+  __device__ __forceinline__ MaskVector<T, VEC, ADDITIVE> load_vector(int64_t c0, bool live) const {
+    if constexpr (ADDITIVE) {
+      return load_added<VEC>(c0, live);
+    } else {
+      return load_bytes<VEC, kVectorMask>(c0, live);
+    }
+  }
   // Adds an additive mask's vector (`added`, from load_added) to VEC scaled logits starting at
   // column c0; -inf where hidden by the causal mask or not `live`, as the bool masks' bits do.
   template <int VEC, bool kVectorMask>
@@ -520,11 +526,6 @@ template <typename T> struct MaskRow {
     }
   }
 };
-
-// What a register row reads of the mask with each vector of its data: the bool bytes, or with
-// ADDITIVE the additive mask's values.
-template <typename T, int VEC, bool ADDITIVE>
-using MaskVector = std::conditional_t<ADDITIVE, AlignedVector<T, VEC>, MaskBytes<VEC>>;
 
 // The divisions that place a row in the mask, prepared on the host once per launch: the lead
 // dims of size > 1 (innermost first) with their mask strides, then dims of size 1 and stride 0
@@ -738,11 +739,7 @@ template <typename T, bool MASKED, bool ADDITIVE = false> struct ForwardRow {
   }
   template <int VEC, bool kVectorMask = false>
   __device__ __forceinline__ MaskVector<T, VEC, ADDITIVE> mask_vector(int64_t c0, bool live) const {
-    if constexpr (ADDITIVE) {
-      return mask.template load_added<VEC>(c0, live);
-    } else if constexpr (MASKED) {
-      return mask.template load_bytes<VEC, kVectorMask>(c0, live);
-    }
+    if constexpr (MASKED) return mask.template load_vector<VEC, kVectorMask, ADDITIVE>(c0, live);
     return {};
   }
   // The VEC logits of x[c0 ...]: scaled (unless kUnscaled: rows that fold the scale into their
@@ -855,11 +852,7 @@ template <typename T, bool MASKED, bool ADDITIVE = false> struct BackwardRow {
   }
   template <int VEC, bool kVectorMask = false>
   __device__ __forceinline__ MaskVector<T, VEC, ADDITIVE> mask_vector(int64_t c0, bool live) const {
-    if constexpr (ADDITIVE) {
-      return mask.template load_added<VEC>(c0, live);
-    } else if constexpr (MASKED) {
-      return mask.template load_bytes<VEC, kVectorMask>(c0, live);
-    }
+    if constexpr (MASKED) return mask.template load_vector<VEC, kVectorMask, ADDITIVE>(c0, live);
     return {};
   }
   // keep_of(): the vector's dropout decisions, drawn only where a.dropout: bits (keep()) or a
@@ -2729,14 +2722,18 @@ cudaError_t launch_masked_softmax_fwd(const MaskedSoftmaxParams& p, DType dtype,
     const bool additive = p.mask.kind == MaskKind::Additive;
     const bool foldable = additive || sizeof(T) != 2 || (std::isfinite(p.scale) && p.scale > 0.0);
     const bool aligned = rows_aligned(p.x, p.x_row_stride, sizeof(T)) && is_aligned(p.out, 16);
-    const auto launch = [&](auto additive_mask) {
-      constexpr bool kAdditive = decltype(additive_mask)::value;
-      constexpr int kPerThread = kAdditive ? kAdditiveForwardRegisterElems<T> : kMaskedForwardRegisterElems<T>;
-      Plan plan = make_plan<T>(p.cols, aligned && foldable, 1, kPerThread, true, vector_mask<T>(p.mask, kVec16<T>));
-      plan.row_grid = row_grid<T>(p.mask, plan, p.rows, p.cols, 2);
-      return dispatch_plan<T, kPerThread>(plan, ForwardLaunch<T, true, kAdditive>{args, plan, stream});
-    };
-    return additive ? launch(std::true_type{}) : launch(std::false_type{});
+    Plan plan = make_plan<T>(p.cols, aligned && foldable, 1, kMaskedForwardRegisterElems<T>, true,
+                             vector_mask<T>(p.mask, kVec16<T>));
+    plan.row_grid = row_grid<T>(p.mask, plan, p.rows, p.cols, 2);
+    // Rows with an additive mask keep as many elements a thread as with a bool one. 16-bit warp
+    // rows (L <= 1024) take 76-80 registers at 768 threads an SM, no spills; 16-bit block rows
+    // spill 48-76 bytes a thread at 1024 threads an SM and ran at 53-56% of copy (bf16 L = 2048 /
+    // 4096, launcher timing, H100, session 39), where 16 elements a thread ran at 85-87 and cost
+    // warp rows 4-9 points (see docs/softmax.md).
+    if (additive) {
+      return dispatch_plan<T, kMaskedForwardRegisterElems<T>>(plan, ForwardLaunch<T, true, true>{args, plan, stream});
+    }
+    return dispatch_plan<T, kMaskedForwardRegisterElems<T>>(plan, ForwardLaunch<T, true>{args, plan, stream});
   });
 }
 
