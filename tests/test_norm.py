@@ -91,10 +91,20 @@ def test_argument_errors_name_the_argument(call, match):
         call(x, w)
 
 
-def test_rms_eps_none_is_dtype_eps():
-    x = torch.randn(3, 16, dtype=torch.float64) * 1e-9
-    out = fusedops.rms_norm(x, (16,))
-    torch.testing.assert_close(out, F.rms_norm(x, (16,), eps=torch.finfo(torch.float64).eps))
+def _check_rms_eps_none(device):
+    """eps=None is the epsilon of the type F.rms_norm computes in: float32's for 16-bit input
+    (not the input dtype's, which its docs name: bf16's would shrink these rows' outputs 9x)."""
+    for dtype, scale in [(torch.float64, 1e-9), (torch.float32, 1e-4), (torch.bfloat16, 1e-2), (torch.float16, 1e-2)]:
+        x = torch.randn(3, 16, dtype=dtype, device=device) * scale
+        add = torch.zeros_like(x)
+        expected = F.rms_norm(x, (16,))
+        torch.testing.assert_close(fusedops.rms_norm(x, (16,)), expected)
+        torch.testing.assert_close(fusedops.add_rms_norm(x, add, (16,))[0], expected)
+        torch.testing.assert_close(fusedops.nn.RMSNorm(16, device=device, dtype=dtype)(x), expected)
+
+
+def test_rms_eps_none_is_the_compute_dtype_eps():
+    _check_rms_eps_none("cpu")
 
 
 # ---- CPU reference and autograd formulas -----------------------------------------------------
@@ -686,6 +696,11 @@ def test_gpu_inference_forward_small(kind):
 
 
 @gpu
+def test_gpu_rms_eps_none_is_the_compute_dtype_eps():
+    _check_rms_eps_none("cuda")
+
+
+@gpu
 def test_gpu_compile_fullgraph_gradients():
     _compiled_gradients_match_eager("cuda")
 
@@ -710,3 +725,41 @@ def test_gpu_modules(name):
     out.sum().backward()
     torch.testing.assert_close(out, torch_module(x), rtol=2e-2, atol=2e-2)
     assert module.weight.grad is not None and torch.isfinite(module.weight.grad).all()
+
+
+@gpu
+@pytest.mark.parametrize("name", ["LayerNorm", "RMSNorm"])
+def test_gpu_modules_under_autocast_keep_the_input_dtype(name):
+    """fusedops ops are on none of autocast's lists: under torch.autocast a bf16 input with fp32
+    parameters (the mixed-precision case) runs the fused kernel and comes back in bf16, where
+    torch may compute in and return fp32; dx is bf16, dweight / dbias fp32. Against a float64
+    reference, out and dx are as close as torch's under autocast rounded to bf16 (its RMSNorm
+    rounds intermediates to bf16, so its dx is the less accurate one)."""
+    ours, theirs = getattr(fusedops.nn, name), getattr(torch.nn, name)
+    torch_module = theirs(1024, device="cuda")
+    with torch.no_grad():
+        for p in torch_module.parameters():
+            p.normal_()
+    module = ours(1024, device="cuda")
+    module.load_state_dict(torch_module.state_dict())
+    reference_module = theirs(1024, device="cuda", dtype=torch.float64)
+    reference_module.load_state_dict(torch_module.state_dict())
+    x = torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16)
+
+    def run(m, x, autocast):
+        leaf = x.clone().requires_grad_(True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            out = m(leaf)
+        out.backward(dy.to(out.dtype))
+        return out.detach(), leaf.grad, [p.grad for p in m.parameters()]
+
+    out, dx, param_grads = run(module, x, True)
+    torch_out, torch_dx, _ = run(torch_module, x, True)
+    ref_out, ref_dx, ref_param_grads = run(reference_module, x.double(), False)
+    assert out.dtype == dx.dtype == torch.bfloat16
+    assert_close_to_reference(out, ref_out, torch_out.to(torch.bfloat16), name="output")
+    assert_close_to_reference(dx, ref_dx, torch_dx.to(torch.bfloat16), name="dx")
+    for ours_grad, ref_grad in zip(param_grads, ref_param_grads):
+        assert ours_grad.dtype == torch.float32
+        torch.testing.assert_close(ours_grad.double(), ref_grad, rtol=1e-4, atol=1e-4)

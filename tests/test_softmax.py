@@ -31,9 +31,11 @@ def _torch_softmax(x, scale, log):
 
 
 def _torch_masked(x, mask, scale, causal):
-    """PyTorch's own masked softmax in x's dtype: where + softmax, fully masked rows as zeros."""
+    """PyTorch's own masked softmax in x's dtype: where + softmax, fully masked rows as zeros
+    with a zero gradient (a row of -inf logits would give NaN through softmax's backward)."""
     z = reference.masked_logits(x, mask, scale, causal).to(x.dtype)
-    return torch.softmax(z, -1).nan_to_num(0.0)
+    empty = (z == float("-inf")).all(-1, keepdim=True)
+    return torch.softmax(z.masked_fill(empty, 0.0), -1).masked_fill(empty, 0.0)
 
 
 def _grads(fn, x, grad):
@@ -242,6 +244,20 @@ def test_softmax_matches_reference(shape, dtype, log):
 @pytest.mark.parametrize("log", [False, True])
 def test_softmax_long_rows(shape, dtype, log):
     _check_softmax(shape, dtype, log)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_under_autocast_keeps_the_input_dtype(log):
+    """fusedops ops are on none of autocast's lists: under torch.autocast a bf16 input stays
+    bf16 (torch's softmax computes in and returns fp32 there), with torch's values rounded once."""
+    x = torch.randn(64, 1000, dtype=torch.bfloat16, device="cuda")
+    fused, theirs = (fusedops.log_softmax, torch.log_softmax) if log else (fusedops.softmax, torch.softmax)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = fused(x, -1, scale=0.5)
+        expected = theirs(x * 0.5, -1)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, expected.to(torch.bfloat16))
 
 
 # Many rows per launch. Register rows take a block per row group (many blocks, the last one partly

@@ -2722,18 +2722,25 @@ cudaError_t launch_masked_softmax_fwd(const MaskedSoftmaxParams& p, DType dtype,
     const bool additive = p.mask.kind == MaskKind::Additive;
     const bool foldable = additive || sizeof(T) != 2 || (std::isfinite(p.scale) && p.scale > 0.0);
     const bool aligned = rows_aligned(p.x, p.x_row_stride, sizeof(T)) && is_aligned(p.out, 16);
-    Plan plan = make_plan<T>(p.cols, aligned && foldable, 1, kMaskedForwardRegisterElems<T>, true,
-                             vector_mask<T>(p.mask, kVec16<T>));
-    plan.row_grid = row_grid<T>(p.mask, plan, p.rows, p.cols, 2);
-    // Rows with an additive mask keep as many elements a thread as with a bool one. 16-bit warp
-    // rows (L <= 1024) take 76-80 registers at 768 threads an SM, no spills; 16-bit block rows
-    // spill 48-76 bytes a thread at 1024 threads an SM and ran at 53-56% of copy (bf16 L = 2048 /
-    // 4096, launcher timing, H100, session 39), where 16 elements a thread ran at 85-87 and cost
-    // warp rows 4-9 points (see docs/softmax.md).
-    if (additive) {
-      return dispatch_plan<T, kMaskedForwardRegisterElems<T>>(plan, ForwardLaunch<T, true, true>{args, plan, stream});
+    const auto launch = [&](auto additive_mask, auto per_thread) {
+      constexpr bool kAdditive = decltype(additive_mask)::value;
+      constexpr int kPerThread = decltype(per_thread)::value;
+      Plan plan = make_plan<T>(p.cols, aligned && foldable, 1, kPerThread, true, vector_mask<T>(p.mask, kVec16<T>));
+      plan.row_grid = row_grid<T>(p.mask, plan, p.rows, p.cols, 2);
+      return dispatch_plan<T, kPerThread>(plan, ForwardLaunch<T, true, kAdditive>{args, plan, stream});
+    };
+    using MaskedElems = std::integral_constant<int, kMaskedForwardRegisterElems<T>>;
+    if (!additive) return launch(std::false_type{}, MaskedElems{});
+    // A 16-bit row with an additive mask keeps 32 elements a thread where the row fits a warp
+    // (76-80 registers at 768 threads an SM, no spills), 16 in longer rows: at 32 their blocks
+    // spill 48-76 bytes a thread at 1024 threads an SM. Launcher timing, H100, session 39, bf16
+    // [B, 16, L, L], 32 / 16 elements a thread: forward L = 512 / 1024 96.7 / 95.8 against
+    // 92.3 / 93.6% of copy (with dropout 0.1 95.8 / 95.9 against 88.4 / 87.0), L = 2048 / 4096
+    // 55.7 / 56.3 against 87.0 / 87.1 (with dropout 53.6 / 53.3 against 85.1 / 87.3).
+    if (sizeof(T) == 2 && p.cols > 32 * int64_t(kMaskedForwardRegisterElems<T>)) {  // past a warp's row
+      return launch(std::true_type{}, std::integral_constant<int, kRegisterElems>{});
     }
-    return dispatch_plan<T, kMaskedForwardRegisterElems<T>>(plan, ForwardLaunch<T, true>{args, plan, stream});
+    return launch(std::true_type{}, MaskedElems{});
   });
 }
 
