@@ -136,7 +136,9 @@ bool test_softmax_backward_bf16(int rows, int cols) {
 }
 
 // Masked softmax over H heads of [L, cols] scores sharing one [L, cols] mask, read as vectors
-// by register rows (cols 1000, 4096) and cluster rows (20000).
+// by register rows (cols 1000, 4096) and cluster rows (20000); at L = 4096 the rows between two
+// heads' reads of a mask row move more than 32 MB, and one-row blocks take the heads-inner grid
+// (row_grid).
 struct MaskedCase {
   int heads = 3, length = 6, cols;
   int64_t rows() const { return int64_t(heads) * length; }
@@ -205,8 +207,8 @@ template <typename T> bool upload(const std::vector<T>& host, T** dev) {
 
 // fp32: an additive mask of 0 and -inf gives the bool mask's output and gradient bit for bit
 // (the same logits either way), with and without causal masking and dropout.
-bool test_additive_mask_is_bool_mask_fp32(int cols) {
-  const MaskedCase c{3, 6, cols};
+bool test_additive_mask_is_bool_mask_fp32(int cols, int length = 6) {
+  const MaskedCase c{3, length, cols};
   const std::vector<float> x_values = random_values(c.size(), 7), dy_values = random_values(c.size(), 8);
   const std::vector<float> draws = random_values(c.mask_size(), 9);
   std::vector<char> keep(c.mask_size());
@@ -246,8 +248,8 @@ bool test_additive_mask_is_bool_mask_fp32(int cols) {
 // against a double-precision host loop on the same bf16 inputs: y = softmax(x * scale + mask),
 // dx = scale * y * (dy - sum(y * dy)); each may be off by its bf16 rounding (2^-9 relative,
 // allowed twice) plus the fp32 arithmetic's error.
-bool test_additive_mask_bf16(int cols, bool causal) {
-  const MaskedCase c{3, 6, cols};
+bool test_additive_mask_bf16(int cols, bool causal, int length = 6) {
+  const MaskedCase c{3, length, cols};
   const std::vector<float> x_values = random_values(c.size(), 10), dy_values = random_values(c.size(), 11);
   const std::vector<float> mask_values = random_values(c.mask_size(), 12);
   std::vector<__nv_bfloat16> x(c.size()), dy(c.size()), mask(c.mask_size()), out, dx;
@@ -310,6 +312,7 @@ int main() {
     ok = ok && test_additive_mask_is_bool_mask_fp32(cols);
     for (const bool causal : {false, true}) ok = ok && test_additive_mask_bf16(cols, causal);
   }
+  ok = ok && test_additive_mask_is_bool_mask_fp32(1024, 4096) && test_additive_mask_bf16(2048, true, 4096);
   std::printf("test_kernels: %s\n", ok ? "passed" : "FAILED");
   return ok ? 0 : 1;
 }
