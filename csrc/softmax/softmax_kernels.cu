@@ -2546,14 +2546,18 @@ bool rows_aligned(const void* ptr, int64_t row_stride, int elem_bytes) {
   return is_aligned(ptr, 16) && (row_stride * elem_bytes) % 16 == 0;
 }
 
+// A mask column's bytes: a bool byte, or an additive value of the input's dtype.
+template <typename T> int mask_column_bytes(const MaskLayout& m) {
+  return m.kind == MaskKind::Additive ? static_cast<int>(sizeof(T)) : 1;
+}
+
 // Whether the mask reads as vectors of `vec` elements (or there is none: causal only), as
 // register and cluster rows read it (bool bytes as one bit per column, additive values of the
 // input's dtype as they are): contiguous along the row, and every row's mask starting at a
 // vector-aligned address. Other masks take streamed rows.
 template <typename T> bool vector_mask(const MaskLayout& m, int vec) {
   if (m.kind == MaskKind::None) return true;
-  const int elem_bytes = m.kind == MaskKind::Bool ? 1 : static_cast<int>(sizeof(T));
-  if (m.col_stride != 1 || !is_aligned(m.data, vec * elem_bytes)) return false;
+  if (m.col_stride != 1 || !is_aligned(m.data, vec * mask_column_bytes<T>(m))) return false;
   for (int d = 0; d < kMaxLeadDims; ++d) {
     if (m.lead_sizes[d] > 1 && m.lead_strides[d] % vec != 0) return false;
   }
@@ -2612,10 +2616,9 @@ dim3 row_grid(const MaskLayout& m, const Plan& plan, int64_t rows, int64_t cols,
   constexpr int kInner = kMaxLeadDims - 1, kShared = kMaxLeadDims - 2;
   const int64_t inner = m.lead_sizes[kInner], shared = m.lead_sizes[kShared];
   const bool one_row_blocks = plan.items > 0 && plan.cluster == 1 && !plan.persistent && plan.group > 32;
-  const int64_t mask_bytes = m.kind == MaskKind::Additive ? int64_t(sizeof(T)) : 1;  // a column of the mask
   if (m.kind == MaskKind::None || !one_row_blocks || m.lead_strides[kInner] == 0 || shared == 1 ||
       m.lead_strides[kShared] != 0 || rows > kMaxRowGrid ||
-      inner * cols * (int64_t(sizeof(T)) * row_tensors + mask_bytes) < kL2InFlightBytes) {
+      inner * cols * (int64_t(sizeof(T)) * row_tensors + mask_column_bytes<T>(m)) < kL2InFlightBytes) {
     return dim3(0, 1, 1);
   }
   const int64_t outer = rows / (inner * shared);
