@@ -926,9 +926,12 @@ constexpr bool register_prefetch() {
 // 9, launcher timing, masked [B, H, L, L] with dropout 0.1, L = 512 / 1024 / 2048 / 4096: 77.0 /
 // 88.8 / 88.8 / 67.7 -> 83.8 / 94.1 / 92.1 / 91.7% of copy (16-bit rows: level or lower with it;
 // 1024 threads cost it 2-6 points, session 14). 0 leaves ptxas its default (an explicit 1
-// changes its register choices).
-template <typename T> constexpr int masked_forward_threads_per_sm(int group) {
-  return std::is_same<T, float>::value || group > 32 ? 1024 : 768;
+// changes its register choices). Forward rows with an additive mask hold its values too: at
+// 1024 threads the fp32 rows spilled 32 bytes without dropout; at 768 (72-80 registers, no
+// spills) launcher timing, H100, session 41, [B, 16, L, L], L = 512 / 1024 / 2048 / 4096: 88.0 /
+// 90.3 / 90.9 / 91.5 -> 98.5 / 93.8 / 96.0 / 95.4% of copy (with dropout 0.1 level to -1.5).
+template <typename T> constexpr int masked_forward_threads_per_sm(int group, bool additive) {
+  return !additive && (std::is_same<T, float>::value || group > 32) ? 1024 : 768;
 }
 constexpr int kMaskedBackwardThreadsPerSM = 768;
 __host__ __device__ constexpr int register_min_blocks(int group, bool masked, int cluster, int threads_per_sm) {
@@ -1057,7 +1060,7 @@ __device__ __forceinline__ void prefetch_row_l2(const Args& a, const T* tensor, 
 // ADDITIVE: masked rows whose mask is additive (see ForwardRow).
 template <typename T, int G, int ITEMS, int VEC, bool MASKED, int CLUSTER, bool PERSISTENT, bool ROW_GRID = false,
           bool DRAW_ALL = false, bool ADDITIVE = false>
-__global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKED, CLUSTER, masked_forward_threads_per_sm<T>(G)))
+__global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKED, CLUSTER, masked_forward_threads_per_sm<T>(G, ADDITIVE)))
     register_forward_kernel(ForwardArgs<T> a) {
   using A = acc_t<T>;
   using Cursor = RowCursor<G, CLUSTER, ROW_GRID>;
@@ -2739,15 +2742,11 @@ cudaError_t launch_masked_softmax_fwd(const MaskedSoftmaxParams& p, DType dtype,
     };
     using MaskedElems = std::integral_constant<int, kMaskedForwardRegisterElems<T>>;
     if (!additive) return launch(std::false_type{}, MaskedElems{});
-    // A 16-bit row with an additive mask keeps 32 elements a thread where the row fits a warp
-    // (76-80 registers at 768 threads an SM, no spills), 16 in longer rows: at 32 their blocks
-    // spill 48-76 bytes a thread at 1024 threads an SM. Launcher timing, H100, session 39, bf16
-    // [B, 16, L, L], 32 / 16 elements a thread: forward L = 512 / 1024 96.7 / 95.8 against
-    // 92.3 / 93.6% of copy (with dropout 0.1 95.8 / 95.9 against 88.4 / 87.0), L = 2048 / 4096
-    // 55.7 / 56.3 against 87.0 / 87.1 (with dropout 53.6 / 53.3 against 85.1 / 87.3).
-    if (sizeof(T) == 2 && p.cols > 32 * int64_t(kMaskedForwardRegisterElems<T>)) {  // past a warp's row
-      return launch(std::true_type{}, std::integral_constant<int, kRegisterElems>{});
-    }
+    // Rows with an additive mask run at 768 threads an SM (masked_forward_threads_per_sm), where
+    // the 16-bit ones take 32 elements a thread in warp and block rows alike (76-80 registers, no
+    // spills; at 1024 threads their block rows spilled 48-76 bytes). Launcher timing, H100, session
+    // 41, against 1024 threads and 16 elements in block rows: bf16 forward L = 4096 87.0 -> 95.1%
+    // of copy (with dropout 0.1 87.5 -> 94.9), L = 2048 86.5 -> 84.9 (with dropout level).
     return launch(std::true_type{}, MaskedElems{});
   });
 }
