@@ -2733,21 +2733,19 @@ cudaError_t launch_masked_softmax_fwd(const MaskedSoftmaxParams& p, DType dtype,
     const bool additive = p.mask.kind == MaskKind::Additive;
     const bool foldable = additive || sizeof(T) != 2 || (std::isfinite(p.scale) && p.scale > 0.0);
     const bool aligned = rows_aligned(p.x, p.x_row_stride, sizeof(T)) && is_aligned(p.out, 16);
-    const auto launch = [&](auto additive_mask, auto per_thread) {
-      constexpr bool kAdditive = decltype(additive_mask)::value;
-      constexpr int kPerThread = decltype(per_thread)::value;
-      Plan plan = make_plan<T>(p.cols, aligned && foldable, 1, kPerThread, true, vector_mask<T>(p.mask, kVec16<T>));
-      plan.row_grid = row_grid<T>(p.mask, plan, p.rows, p.cols, 2);
-      return dispatch_plan<T, kPerThread>(plan, ForwardLaunch<T, true, kAdditive>{args, plan, stream});
-    };
-    using MaskedElems = std::integral_constant<int, kMaskedForwardRegisterElems<T>>;
-    if (!additive) return launch(std::false_type{}, MaskedElems{});
     // Rows with an additive mask run at 768 threads an SM (masked_forward_threads_per_sm), where
     // the 16-bit ones take 32 elements a thread in warp and block rows alike (76-80 registers, no
     // spills; at 1024 threads their block rows spilled 48-76 bytes). Launcher timing, H100, session
     // 41, against 1024 threads and 16 elements in block rows: bf16 forward L = 4096 87.0 -> 95.1%
     // of copy (with dropout 0.1 87.5 -> 94.9), L = 2048 86.5 -> 84.9 (with dropout level).
-    return launch(std::true_type{}, MaskedElems{});
+    const auto launch = [&](auto additive_mask) {
+      constexpr bool kAdditive = decltype(additive_mask)::value;
+      constexpr int kPerThread = kMaskedForwardRegisterElems<T>;
+      Plan plan = make_plan<T>(p.cols, aligned && foldable, 1, kPerThread, true, vector_mask<T>(p.mask, kVec16<T>));
+      plan.row_grid = row_grid<T>(p.mask, plan, p.rows, p.cols, 2);
+      return dispatch_plan<T, kPerThread>(plan, ForwardLaunch<T, true, kAdditive>{args, plan, stream});
+    };
+    return additive ? launch(std::true_type{}) : launch(std::false_type{});
   });
 }
 
