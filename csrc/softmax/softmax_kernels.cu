@@ -926,10 +926,13 @@ constexpr bool register_prefetch() {
 // 9, launcher timing, masked [B, H, L, L] with dropout 0.1, L = 512 / 1024 / 2048 / 4096: 77.0 /
 // 88.8 / 88.8 / 67.7 -> 83.8 / 94.1 / 92.1 / 91.7% of copy (16-bit rows: level or lower with it;
 // 1024 threads cost it 2-6 points, session 14). 0 leaves ptxas its default (an explicit 1
-// changes its register choices). Forward rows with an additive mask hold its values too: at
-// 1024 threads the fp32 rows spilled 32 bytes without dropout; at 768 (72-80 registers, no
-// spills) launcher timing, H100, session 41, [B, 16, L, L], L = 512 / 1024 / 2048 / 4096: 88.0 /
-// 90.3 / 90.9 / 91.5 -> 98.5 / 93.8 / 96.0 / 95.4% of copy (with dropout 0.1 level to -1.5).
+// changes its register choices). Forward rows with an additive mask hold its values too and run
+// at 768 threads: at 1024 the fp32 rows spilled 32 bytes without dropout and the 16-bit block
+// rows 48-76 bytes at 32 elements a thread (session 40 gave them 16); at 768 they take 72-80
+// registers with no spills. Launcher timing, H100, session 41, [B, 16, L, L], 1024 threads (16
+// elements in 16-bit block rows) -> 768: fp32 L = 512 / 1024 / 2048 / 4096 88.0 / 90.3 / 90.9 /
+// 91.5 -> 98.5 / 93.8 / 96.0 / 95.4% of copy (with dropout 0.1 level to -1.5); bf16 L = 4096
+// 87.0 -> 95.1 (with dropout 87.5 -> 94.9), L = 2048 86.5 -> 84.9 (with dropout level).
 template <typename T> constexpr int masked_forward_threads_per_sm(int group, bool additive) {
   return !additive && (std::is_same<T, float>::value || group > 32) ? 1024 : 768;
 }
@@ -2733,11 +2736,8 @@ cudaError_t launch_masked_softmax_fwd(const MaskedSoftmaxParams& p, DType dtype,
     const bool additive = p.mask.kind == MaskKind::Additive;
     const bool foldable = additive || sizeof(T) != 2 || (std::isfinite(p.scale) && p.scale > 0.0);
     const bool aligned = rows_aligned(p.x, p.x_row_stride, sizeof(T)) && is_aligned(p.out, 16);
-    // Rows with an additive mask run at 768 threads an SM (masked_forward_threads_per_sm), where
-    // the 16-bit ones take 32 elements a thread in warp and block rows alike (76-80 registers, no
-    // spills; at 1024 threads their block rows spilled 48-76 bytes). Launcher timing, H100, session
-    // 41, against 1024 threads and 16 elements in block rows: bf16 forward L = 4096 87.0 -> 95.1%
-    // of copy (with dropout 0.1 87.5 -> 94.9), L = 2048 86.5 -> 84.9 (with dropout level).
+    // Every kind of masked row takes kMaskedForwardRegisterElems elements a thread (with an
+    // additive mask too: see masked_forward_threads_per_sm).
     const auto launch = [&](auto additive_mask) {
       constexpr bool kAdditive = decltype(additive_mask)::value;
       constexpr int kPerThread = kMaskedForwardRegisterElems<T>;
