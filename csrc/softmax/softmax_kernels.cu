@@ -2608,15 +2608,20 @@ BackwardArgs<T> backward_args(const void* a_ptr, const void* dy, void* dx, int64
 // apart, and once those L rows outgrow the L2 every head reads the mask row from DRAM again. A
 // 3D grid (H, L, B), whose blocks start x fastest, visits the heads of a query one after another
 // instead (the ROW_GRID kernels; dim3(0, 1, 1): row order). Taken when the rows between two reads
-// of a mask row move (read and write) at least kL2InFlightBytes; below that the heads-inner order
-// lost 0.3-5 points (session 13). Launcher timing, H200, session 14, [B, 16, L, L] with a
+// of a mask row move (read and write) at least kRowGridMinBytes; well below that the heads-inner
+// order lost 0.3-5 points (session 13). Launcher timing, H200, session 14, [B, 16, L, L] with a
 // [B, 1, L, L] bool mask, row order -> row grid: bf16 L = 4096 forward 80.4 -> 89.8% of copy,
 // backward 89.2 -> 93.8 (with dropout 75.6 -> 77.2); fp32 L = 2048 / 4096 forward 77.1 / 71.3 ->
 // 79.5 / 75.2 (with dropout 68.2 / 65.5 -> 72.2 / 69.8), backward 95.5 / 96.0 -> 97.8 / 99.2.
 // The bytes moved count the mask's own (a byte a column for bool, the dtype's for additive): so a
 // bf16 backward at L = 2048 with an additive mask (24 MB of rows, 8 MB of mask) takes the grid,
-// 84.5 -> 96.3% of copy (with dropout 84.9 -> 94.7; launcher, H100, session 40), and no case of
-// the launcher's bool set changes.
+// 84.5 -> 96.3% of copy (with dropout 84.9 -> 94.7; launcher, H100, session 40). The bound is 3/4
+// of kL2InFlightBytes, not all of it: at 24-28 MB of rows in flight the mask row was already read
+// from DRAM again. Launcher, H100, session 42, bound 32 -> 24 MB: bf16 L = 2048 forward with an
+// additive mask (24 MB) 85.0 -> 92.6% (with dropout 85.3 -> 92.1), backward with a bool mask
+// (28 MB) 92.1 -> 96.3 (with dropout 92.4 -> 95.9); no other masked case moved by more than 0.3.
+constexpr int64_t kRowGridMinBytes = kL2InFlightBytes * 3 / 4;
+
 template <typename T>
 dim3 row_grid(const MaskLayout& m, const Plan& plan, int64_t rows, int64_t cols, int row_tensors) {
   constexpr int kInner = kMaxLeadDims - 1, kShared = kMaxLeadDims - 2;
@@ -2624,7 +2629,7 @@ dim3 row_grid(const MaskLayout& m, const Plan& plan, int64_t rows, int64_t cols,
   const bool one_row_blocks = plan.items > 0 && plan.cluster == 1 && !plan.persistent && plan.group > 32;
   if (m.kind == MaskKind::None || !one_row_blocks || m.lead_strides[kInner] == 0 || shared == 1 ||
       m.lead_strides[kShared] != 0 || rows > kMaxRowGrid ||
-      inner * cols * (int64_t(sizeof(T)) * row_tensors + mask_column_bytes<T>(m)) < kL2InFlightBytes) {
+      inner * cols * (int64_t(sizeof(T)) * row_tensors + mask_column_bytes<T>(m)) < kRowGridMinBytes) {
     return dim3(0, 1, 1);
   }
   const int64_t outer = rows / (inner * shared);
