@@ -150,8 +150,11 @@ def progress(items, desc):
 class Report:
     """Rows of one benchmark run: (table, case, implementation) -> time and rate."""
 
-    def __init__(self, copy_gbs):
+    def __init__(self, copy_gbs, stem=None):
+        """stem: measure() saves the tables (bench/results/<stem>.{md,csv}) after every case, so a
+        run cut short keeps every case it measured; write() adds the plots."""
         self.copy_gbs = copy_gbs
+        self.stem = stem
         self.rows = []
         self.note = ""
 
@@ -188,6 +191,8 @@ class Report:
                 print(f"\n{table} {case} {name}: failed ({type(error).__name__}: {str(error)[:120]})", file=sys.stderr)
                 ms = float("nan")
             self.add(table, case, name, ms, n_bytes, flops)
+        if self.stem:
+            self._write_tables(self.stem)
 
     def tables(self):
         order = []
@@ -225,6 +230,11 @@ class Report:
 
     def write(self, stem):
         """Writes <stem>.md, <stem>.csv and one <stem>_<table>.png per table under bench/results/."""
+        md_path = self._write_tables(stem)
+        self._plot(stem)
+        return md_path
+
+    def _write_tables(self, stem):
         os.makedirs(RESULTS, exist_ok=True)
         md_path = os.path.join(RESULTS, stem + ".md")
         with open(md_path, "w") as f:
@@ -236,7 +246,6 @@ class Report:
             writer = csv.DictWriter(f, fieldnames=keys)
             writer.writeheader()
             writer.writerows(self.rows)
-        self._plot(stem)
         return md_path
 
     def _plot(self, stem):

@@ -8,7 +8,7 @@
 #   $VARIANTS (launcher timing of kernel-file variants side by side); sweep = fusedops alone at
 #   every N (bench/sweep.py)
 #   PYTEST_ARGS replace the default test selection (tests/); BENCH_TIMEOUT caps the benchmark
-#   (seconds; the report is written after every family, so a capped run keeps what it measured).
+#   (seconds; the report's tables are saved after every case, so a capped run keeps what it measured).
 #
 # Liger (a benchmark peer) is installed from wheels in .whl/ when they are there (.whl/ is
 # git-ignored: a device call carries it explicitly; the report header says whether Liger ran).

@@ -537,7 +537,7 @@ def _check_dropout_against_reference(x, mask, scale, causal, p):
 @pytest.mark.parametrize("dtype, lk", [(torch.float32, 1024), (torch.bfloat16, 2048)], ids=str)
 @pytest.mark.parametrize("kind", ["bool", "additive"])
 def test_masked_heads_sharing_mask_rows_past_the_l2(dtype, lk, kind):
-    """4096 query rows of a [B, 1, L, Lk] mask move 24 MB or more (scores and mask) between two
+    """4096 query rows of a [B, 1, L, Lk] mask move 16 MB or more (scores and mask) between two
     heads' reads of a mask row: these rows run on a 3D grid that visits the heads of a query one
     after another (row_grid). Values, gradients and the dropout stream stay those of each row's
     own index."""

@@ -2615,12 +2615,15 @@ BackwardArgs<T> backward_args(const void* a_ptr, const void* dy, void* dx, int64
 // 79.5 / 75.2 (with dropout 68.2 / 65.5 -> 72.2 / 69.8), backward 95.5 / 96.0 -> 97.8 / 99.2.
 // The bytes moved count the mask's own (a byte a column for bool, the dtype's for additive): so a
 // bf16 backward at L = 2048 with an additive mask (24 MB of rows, 8 MB of mask) takes the grid,
-// 84.5 -> 96.3% of copy (with dropout 84.9 -> 94.7; launcher, H100, session 40). The bound is 3/4
-// of kL2InFlightBytes, not all of it: at 24-28 MB of rows in flight the mask row was already read
-// from DRAM again. Launcher, H100, session 42, bound 32 -> 24 MB: bf16 L = 2048 forward with an
-// additive mask (24 MB) 85.0 -> 92.6% (with dropout 85.3 -> 92.1), backward with a bool mask
-// (28 MB) 92.1 -> 96.3 (with dropout 92.4 -> 95.9); no other masked case moved by more than 0.3.
-constexpr int64_t kRowGridMinBytes = kL2InFlightBytes * 3 / 4;
+// 84.5 -> 96.3% of copy (with dropout 84.9 -> 94.7; launcher, H100, session 40). The bound is half
+// of kL2InFlightBytes: at 16-28 MB of rows in flight the mask row was already read from DRAM
+// again. Launcher, H100, session 42, twice each, [B, 16, L, L] (8 at L = 4096), bound 32 -> 24 MB:
+// bf16 L = 2048 forward with an additive mask (24 MB) 85.0 -> 92.6% (with dropout 85.3 -> 92.1),
+// backward with a bool mask (28 MB) 92.1 -> 96.3 (with dropout 92.4 -> 95.9); 24 -> 16 MB: bf16
+// L = 2048 forward with a bool mask (20 MB) 91.7 -> 94.3 (with dropout 91.7 -> 94.0), fp32 L =
+// 1024 backward with an additive mask (16 MB) 95.9 -> 99.3 (with dropout 96.0 -> 99.2); no other
+// masked case moved by more than 0.4. 12 MB cost the fp32 bool backward at L = 1024 (13 MB) 1.2.
+constexpr int64_t kRowGridMinBytes = kL2InFlightBytes / 2;
 
 template <typename T>
 dim3 row_grid(const MaskLayout& m, const Plan& plan, int64_t rows, int64_t cols, int row_tensors) {

@@ -137,7 +137,7 @@ bool test_softmax_backward_bf16(int rows, int cols) {
 
 // Masked softmax over H heads of [L, cols] scores sharing one [L, cols] mask, read as vectors
 // by register rows (cols 1000, 4096) and cluster rows (20000); at L = 4096 the rows between two
-// heads' reads of a mask row move more than 24 MB, and one-row blocks take the heads-inner grid
+// heads' reads of a mask row move more than 16 MB, and one-row blocks take the heads-inner grid
 // (row_grid).
 struct MaskedCase {
   int heads = 3, length = 6, cols;
