@@ -150,9 +150,9 @@ def progress(items, desc):
 class Report:
     """Rows of one benchmark run: (table, case, implementation) -> time and rate."""
 
-    def __init__(self, copy_gbs, stem=None):
-        """stem: measure() saves the tables (bench/results/<stem>.{md,csv}) after every case, so a
-        run cut short keeps every case it measured; write() adds the plots."""
+    def __init__(self, copy_gbs, stem):
+        """stem: the files' name under bench/results/. measure() saves the tables there after every
+        case, so a run cut short keeps every case it measured; write() adds the plots."""
         self.copy_gbs = copy_gbs
         self.stem = stem
         self.rows = []
@@ -191,8 +191,7 @@ class Report:
                 print(f"\n{table} {case} {name}: failed ({type(error).__name__}: {str(error)[:120]})", file=sys.stderr)
                 ms = float("nan")
             self.add(table, case, name, ms, n_bytes, flops)
-        if self.stem:
-            self._write_tables(self.stem)
+        self._write_tables()
 
     def tables(self):
         order = []
@@ -228,27 +227,27 @@ class Report:
             lines.append("")
         return "\n".join(lines)
 
-    def write(self, stem):
+    def write(self):
         """Writes <stem>.md, <stem>.csv and one <stem>_<table>.png per table under bench/results/."""
-        md_path = self._write_tables(stem)
-        self._plot(stem)
+        md_path = self._write_tables()
+        self._plot()
         return md_path
 
-    def _write_tables(self, stem):
+    def _write_tables(self):
         os.makedirs(RESULTS, exist_ok=True)
-        md_path = os.path.join(RESULTS, stem + ".md")
+        md_path = os.path.join(RESULTS, self.stem + ".md")
         with open(md_path, "w") as f:
             f.write(f"# fusedops benchmark — {torch.cuda.get_device_name()}, torch {torch.__version__}\n\n")
             f.write(f"{self.note}\n\n" if self.note else "")
             f.write(self.markdown())
         keys = ["table", "case", "impl", "ms", "GB/s", "% copy", "TFLOP/s"]
-        with open(os.path.join(RESULTS, stem + ".csv"), "w", newline="") as f:
+        with open(os.path.join(RESULTS, self.stem + ".csv"), "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=keys)
             writer.writeheader()
             writer.writerows(self.rows)
         return md_path
 
-    def _plot(self, stem):
+    def _plot(self):
         try:
             import matplotlib
 
@@ -273,5 +272,5 @@ class Report:
             ax.legend(fontsize=7)
             fig.tight_layout()
             safe = "".join(ch if ch.isalnum() else "_" for ch in table).strip("_")
-            fig.savefig(os.path.join(RESULTS, f"{stem}_{safe}.png"), dpi=110)
+            fig.savefig(os.path.join(RESULTS, f"{self.stem}_{safe}.png"), dpi=110)
             plt.close(fig)

@@ -27,8 +27,7 @@ def main():
     from .common import Report, copy_bandwidth_gbs, copy_table, liger_state
 
     print(f"device: {torch.cuda.get_device_name()}; fusedops build: {fusedops.build_info()}", file=sys.stderr)
-    stem = args.stem or ("report_quick" if args.quick else "report")
-    report = Report(copy_bandwidth_gbs(), stem)
+    report = Report(copy_bandwidth_gbs(), args.stem or ("report_quick" if args.quick else "report"))
     report.note = (f"fusedops build: {fusedops.build_info()}; mode: {'quick' if args.quick else 'full'}; "
                    f"{liger_state()}")
     copy_table(report)
@@ -45,7 +44,7 @@ def main():
             print(f"bench: {family} failed:\n{traceback.format_exc()}", file=sys.stderr)
             failed.append(family)
             report.note += f"\n\n**{family}: the benchmark failed part-way; its table is incomplete.**"
-        path = report.write(stem)  # plots after every family (the tables are saved after every case)
+        path = report.write()  # plots after every family (the tables are saved after every case)
     print(report.markdown())
     print(f"\nwritten: {path}", file=sys.stderr)
     if failed:

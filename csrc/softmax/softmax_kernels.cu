@@ -2605,24 +2605,25 @@ BackwardArgs<T> backward_args(const void* a_ptr, const void* dy, void* dx, int64
 
 // The grid of masked register rows (one row per block): in row order the rows that share a
 // broadcast mask row (the H heads of a [B, 1, L, L] mask over [B, H, L, L] scores) are L rows
-// apart, and once those L rows outgrow the L2 every head reads the mask row from DRAM again. A
-// 3D grid (H, L, B), whose blocks start x fastest, visits the heads of a query one after another
+// apart, and once those L rows outgrow the L2 every head reads the mask row from DRAM again. A 3D
+// grid (H, L, B), whose blocks start x fastest, visits the heads of a query one after another
 // instead (the ROW_GRID kernels; dim3(0, 1, 1): row order). Taken when the rows between two reads
 // of a mask row move (read and write) at least kRowGridMinBytes; well below that the heads-inner
 // order lost 0.3-5 points (session 13). Launcher timing, H200, session 14, [B, 16, L, L] with a
 // [B, 1, L, L] bool mask, row order -> row grid: bf16 L = 4096 forward 80.4 -> 89.8% of copy,
-// backward 89.2 -> 93.8 (with dropout 75.6 -> 77.2); fp32 L = 2048 / 4096 forward 77.1 / 71.3 ->
-// 79.5 / 75.2 (with dropout 68.2 / 65.5 -> 72.2 / 69.8), backward 95.5 / 96.0 -> 97.8 / 99.2.
-// The bytes moved count the mask's own (a byte a column for bool, the dtype's for additive): so a
-// bf16 backward at L = 2048 with an additive mask (24 MB of rows, 8 MB of mask) takes the grid,
-// 84.5 -> 96.3% of copy (with dropout 84.9 -> 94.7; launcher, H100, session 40). The bound is half
-// of kL2InFlightBytes: at 16-28 MB of rows in flight the mask row was already read from DRAM
-// again. Launcher, H100, session 42, twice each, [B, 16, L, L] (8 at L = 4096), bound 32 -> 24 MB:
-// bf16 L = 2048 forward with an additive mask (24 MB) 85.0 -> 92.6% (with dropout 85.3 -> 92.1),
-// backward with a bool mask (28 MB) 92.1 -> 96.3 (with dropout 92.4 -> 95.9); 24 -> 16 MB: bf16
-// L = 2048 forward with a bool mask (20 MB) 91.7 -> 94.3 (with dropout 91.7 -> 94.0), fp32 L =
-// 1024 backward with an additive mask (16 MB) 95.9 -> 99.3 (with dropout 96.0 -> 99.2); no other
-// masked case moved by more than 0.4. 12 MB cost the fp32 bool backward at L = 1024 (13 MB) 1.2.
+// backward 89.2 -> 93.8 (with dropout 75.6 -> 77.2); fp32 L = 2048 / 4096 forward 77.1 /
+// 71.3 -> 79.5 / 75.2 (with dropout 68.2 / 65.5 -> 72.2 / 69.8), backward 95.5 / 96.0 -> 97.8 /
+// 99.2. The bytes moved count the mask's own (a byte a column for bool, the dtype's for additive):
+// so a bf16 backward at L = 2048 with an additive mask (24 MB of rows, 8 MB of mask) takes the
+// grid, 84.5 -> 96.3% of copy (with dropout 84.9 -> 94.7; launcher, H100, session 40). The bound is
+// half of kL2InFlightBytes: the heads-inner order already won at 16-28 MB of rows in flight (mask
+// rows leave the L2 sooner than 32 MB of traffic; why, not measured). Launcher, H100, session 42,
+// twice each, [B, 16, L, L] (8 at L = 4096), bound 32 -> 24 MB: bf16 L = 2048 forward with an
+// additive mask (24 MB) 85.0 -> 92.6% (with dropout 85.3 -> 92.1), backward with a bool mask (28
+// MB) 92.1 -> 96.3 (with dropout 92.4 -> 95.9); 24 -> 16 MB: bf16 L = 2048 forward with a bool mask
+// (20 MB) 91.7 -> 94.3 (with dropout 91.7 -> 94.0), fp32 L = 1024 backward with an additive mask
+// (16 MB) 95.9 -> 99.3 (with dropout 96.0 -> 99.2); no other masked case moved by more than 0.4. 12
+// MB cost the fp32 bool backward at L = 1024 (13 MB) 1.2.
 constexpr int64_t kRowGridMinBytes = kL2InFlightBytes / 2;
 
 template <typename T>
