@@ -71,6 +71,8 @@ def test_errors_name_the_argument():
         fusedops.masked_softmax(x, "causal")
     with pytest.raises(ValueError, match="input must have at least 2 dims"):
         fusedops.masked_softmax(torch.randn(8), causal=True)
+    with pytest.raises(ValueError, match="input must have at least 1 dim "):
+        fusedops.masked_softmax(torch.tensor(1.0))
     for p in (-0.1, 1.0):
         with pytest.raises(ValueError, match="dropout_p must be a number in \\[0, 1\\)"):
             fusedops.masked_softmax(x, dropout_p=p)

@@ -127,10 +127,8 @@ def masked_softmax(input, mask=None, *, scale=1.0, causal=False, dropout_p=0.0, 
     device. The mask gets no gradient."""
     _checks.check_input(input, "input")
     if input.dim() < (2 if causal else 1):
-        raise ValueError(
-            f"fusedops: input must have at least {2 if causal else 1} dims"
-            f"{' (..., Lq, Lk) with causal=True' if causal else ''}, got shape {tuple(input.shape)}"
-        )
+        wanted = "2 dims (..., Lq, Lk) with causal=True" if causal else "1 dim (the softmax's)"
+        raise ValueError(f"fusedops: input must have at least {wanted}, got shape {tuple(input.shape)}")
     if mask is not None:
         _check_mask(mask, input)
     scale = _check_scale(scale)
