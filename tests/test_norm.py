@@ -74,6 +74,8 @@ def _check_bf16_rows(kind, rows, n):
     [
         (lambda x, w: fusedops.layer_norm(x, (5,), w), "normalized_shape"),
         (lambda x, w: fusedops.layer_norm(x, (3, 8), w), "normalized_shape"),
+        (lambda x, w: fusedops.layer_norm(x, 8.0, w), "normalized_shape"),
+        (lambda x, w: fusedops.rms_norm(x, ("8",), w), "normalized_shape"),
         (lambda x, w: fusedops.layer_norm(x, (8,), w[:4]), "weight"),
         (lambda x, w: fusedops.layer_norm(x, (8,), w.double()), "weight"),
         (lambda x, w: fusedops.layer_norm(x, (8,), w, w.half()), "bias"),

@@ -3,6 +3,7 @@ public wrappers. Autograd is registered in C++ (csrc/norm/norm_autograd.cpp) and
 checks take short paths for the common cases: the host time of a call matters for small (decode)
 batches."""
 import numbers
+from collections.abc import Iterable
 
 import torch
 
@@ -116,7 +117,7 @@ def _normalized_shape(normalized_shape, input):
     else:
         if isinstance(normalized_shape, numbers.Integral):
             normalized_shape = (normalized_shape,)
-        if not all(isinstance(d, numbers.Integral) for d in normalized_shape):
+        if not isinstance(normalized_shape, Iterable) or not all(isinstance(d, numbers.Integral) for d in normalized_shape):
             raise TypeError(f"fusedops: normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}")
         shape = tuple(int(d) for d in normalized_shape)
     sizes = input.shape
