@@ -693,6 +693,19 @@ def test_dropout_off_in_eval():
     torch.testing.assert_close(fusedops.masked_softmax(x, dropout_p=0.5, training=False), torch.softmax(x, -1))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(4, 8, 64), (4, 0, 64)])
+@pytest.mark.parametrize("p, training", [(0.0, True), (0.5, False)])
+def test_rng_state_is_zeros_without_dropout(shape, p, training):
+    """The forward allocates rng_state uninitialized and its kernel writes zeros when it draws
+    nothing: the caching allocator's freed garbage must not leak into the returned state."""
+    x = torch.randn(shape, device="cuda")
+    for _ in range(4):
+        torch.full((1 << 14,), -7, dtype=torch.long, device="cuda")  # 128 KB of garbage, freed at once
+        _, _, rng_state = ops.masked_softmax_fwd(x, None, 1.0, False, p, training)
+        assert rng_state.tolist() == [0, 0]
+
+
 # ---- opcheck and torch.compile on CUDA ---------------------------------------------------------
 
 

@@ -65,6 +65,13 @@ inline const void* data_or_null(const c10::optional<at::Tensor>& t) {
   return t ? t->data_ptr() : nullptr;
 }
 
+// The (seed, offset) a dropout kernel records for its backward: left to the kernel when it writes
+// it (no fill kernel a call), zeros when no kernel does.
+inline at::Tensor rng_state_tensor(const at::Tensor& like, bool written_by_kernel) {
+  const auto options = like.options().dtype(at::kLong);
+  return written_by_kernel ? at::empty({2}, options) : at::zeros({2}, options);
+}
+
 // Reserves `increment` counter values of the default CUDA generator for one kernel launch.
 inline PhiloxArgs philox_args(uint64_t increment) {
   auto* gen = at::get_generator_or_default<at::CUDAGeneratorImpl>(c10::nullopt,

@@ -60,9 +60,7 @@ std::tuple<at::Tensor, at::Tensor> bias_dropout_add_fwd_cuda(const at::Tensor& x
   const bool dropout = training && p > 0.0;
   const at::Tensor xc = x.contiguous(), rc = residual.contiguous();
   at::Tensor out = at::empty_like(xc);
-  // Written by the kernel when it draws numbers; zeros when nothing is drawn.
-  at::Tensor rng_state = dropout && xc.numel() > 0 ? at::empty({2}, x.options().dtype(at::kLong))
-                                                   : at::zeros({2}, x.options().dtype(at::kLong));
+  at::Tensor rng_state = rng_state_tensor(x, dropout && xc.numel() > 0);  // the kernel writes it when it draws
   BiasDropoutAddParams params{xc.data_ptr(),  data_or_null(bias), rc.data_ptr(), out.data_ptr(),
                               rng_state.data_ptr<int64_t>(),     xc.numel(),     last_dim(x),   p, dropout, {}};
   if (dropout && xc.numel() > 0) params.philox = philox_args(4);

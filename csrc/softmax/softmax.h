@@ -52,8 +52,8 @@ struct MaskLayout {
 
 // out = dropout(softmax(scale * x masked)), with masked logits -inf (bool mask False, or causal
 // col > row % q_len) or mask added (additive mask). A fully masked row gives zeros. Also writes
-// the row's log-sum-exp (fp32, fp64 for fp64 input; +inf for a fully masked row) for the backward, and with dropout
-// on the (seed, offset) it used in rng_state[0..1].
+// the row's log-sum-exp (fp32, fp64 for fp64 input; +inf for a fully masked row) for the backward, and
+// in rng_state[0..1] the (seed, offset) its dropout used (zeros without dropout).
 struct MaskedSoftmaxParams {
   const void* x;
   void* out;

@@ -799,8 +799,8 @@ template <typename T, bool MASKED, bool ADDITIVE = false> struct ForwardRow {
   __device__ __forceinline__ void finish(const ForwardArgs<T>& a, int64_t row, const RowStats<T>& stats) const {
     if constexpr (MASKED) {
       a.lse[row] = stats.lse();
-      if (a.dropout && row == 0) {  // one thread records the stream position for the backward
-        const PhiloxKey stream = unpack_philox(a.philox);
+      if (row == 0) {  // one thread records the stream position for the backward, zeros without dropout
+        const PhiloxKey stream = a.dropout ? unpack_philox(a.philox) : PhiloxKey{0, 0};
         a.rng_state[0] = static_cast<int64_t>(stream.seed);
         a.rng_state[1] = static_cast<int64_t>(stream.offset);
       }

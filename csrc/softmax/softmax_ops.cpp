@@ -134,7 +134,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> masked_softmax_fwd_cuda(const at:
   const bool dropout = training && p > 0.0;
   at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   at::Tensor lse = at::empty(x.sizes().slice(0, x.dim() - 1), x.options().dtype(acc_type(x.scalar_type())));
-  at::Tensor rng_state = at::zeros({2}, x.options().dtype(at::kLong));
+  at::Tensor rng_state = rng_state_tensor(x, x.numel() > 0);
   params.x = in.tensor.data_ptr();
   params.out = out.data_ptr();
   params.lse = lse.data_ptr();
