@@ -2617,13 +2617,8 @@ BackwardArgs<T> backward_args(const void* a_ptr, const void* dy, void* dx, int64
 // so a bf16 backward at L = 2048 with an additive mask (24 MB of rows, 8 MB of mask) takes the
 // grid, 84.5 -> 96.3% of copy (with dropout 84.9 -> 94.7; launcher, H100, session 40). The bound is
 // half of kL2InFlightBytes: the heads-inner order already won at 16-28 MB of rows in flight (mask
-// rows leave the L2 sooner than 32 MB of traffic; why, not measured). Launcher, H100, session 42,
-// twice each, [B, 16, L, L] (8 at L = 4096), bound 32 -> 24 MB: bf16 L = 2048 forward with an
-// additive mask (24 MB) 85.0 -> 92.6% (with dropout 85.3 -> 92.1), backward with a bool mask (28
-// MB) 92.1 -> 96.3 (with dropout 92.4 -> 95.9); 24 -> 16 MB: bf16 L = 2048 forward with a bool mask
-// (20 MB) 91.7 -> 94.3 (with dropout 91.7 -> 94.0), fp32 L = 1024 backward with an additive mask
-// (16 MB) 95.9 -> 99.3 (with dropout 96.0 -> 99.2); no other masked case moved by more than 0.4. 12
-// MB cost the fp32 bool backward at L = 1024 (13 MB) 1.2.
+// rows leave the L2 sooner than 32 MB of traffic; why, not measured) and 12 MB lost a case
+// (session 42's launcher timing, in docs/softmax.md).
 constexpr int64_t kRowGridMinBytes = kL2InFlightBytes / 2;
 
 template <typename T>
