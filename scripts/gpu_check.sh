@@ -8,7 +8,8 @@
 #   $VARIANTS (launcher timing of kernel-file variants side by side); sweep = fusedops alone at
 #   every N (bench/sweep.py)
 #   PYTEST_ARGS replace the default test selection (tests/); BENCH_TIMEOUT caps the benchmark
-#   (seconds; the report's tables are saved after every case, so a capped run keeps what it measured).
+#   (seconds; the report's tables are saved after every case, so a capped run keeps what it measured);
+#   BENCH_FAMILIES and BENCH_STEM pass bench.run's --families and --stem.
 #
 # Liger (a benchmark peer) is installed from wheels in .whl/ when they are there (.whl/ is
 # git-ignored: a device call carries it explicitly; the report header says whether Liger ran).
@@ -82,7 +83,8 @@ for mode in bench bench-full; do
   if [[ $stages == *,$mode,* ]]; then
     step "$mode"
     flag=$([[ $mode == bench ]] && echo --quick)
-    timeout "${BENCH_TIMEOUT:-3000}" python3 -m bench.run $flag 2>"$out/$mode.err" | tee "$out/$mode.md"
+    timeout "${BENCH_TIMEOUT:-3000}" python3 -m bench.run $flag ${BENCH_FAMILIES:+--families "$BENCH_FAMILIES"} \
+      ${BENCH_STEM:+--stem "$BENCH_STEM"} 2>"$out/$mode.err" | tee "$out/$mode.md"
     [[ ${PIPESTATUS[0]} == 0 ]] || { status=1; tail -20 "$out/$mode.err"; }
     tar czf "$out/results.tar.gz" bench/results
   fi

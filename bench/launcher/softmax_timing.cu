@@ -56,7 +56,7 @@ template <typename T> __global__ void additive_mask_kernel(T* mask, size_t n) {
     mask[i] = T(kept(i) ? 0.0f : -INFINITY);
 }
 
-template <typename T> void time_masked(DType dtype, const char* label, double copy) {
+template <typename T> void time_masked(DType dtype, const char* label, double copy, const char* only_n) {
   const size_t size = RowTensors<T>::kSize;
   const RowTensors<T> t;
   const T *x = t.x, *dy = t.dy;
@@ -64,6 +64,7 @@ template <typename T> void time_masked(DType dtype, const char* label, double co
   float* lse = timing::empty_buffer<float>(size / 256);
   int64_t* rng_state = timing::empty_buffer<int64_t>(2);
   for (const int64_t length : {512, 1024, 2048, 4096}) {
+    if (only_n != nullptr && std::atoll(only_n) != length) continue;
     const int64_t heads = std::min<int64_t>(16, kElements / (length * length));
     const int64_t batch = kElements / (heads * length * length);
     const size_t mask_bytes = static_cast<size_t>(batch * length * length);
@@ -127,7 +128,7 @@ template <typename T> void time_masked(DType dtype, const char* label, double co
 }  // namespace
 
 // SOFTMAX_TIMING=masked times the masked cases only, SOFTMAX_TIMING=plain the unmasked ones only;
-// SOFTMAX_TIMING_N=n the unmasked rows of length n only (e.g. for one kernel under ncu);
+// SOFTMAX_TIMING_N=n the rows of length n only (unmasked N, masked L; e.g. for one kernel under ncu);
 // SOFTMAX_TIMING_ELEMENTS=e tensors of e elements instead of 2^27; SOFTMAX_TIMING_FP16 (set) times
 // the unmasked fp16 rows too; SOFTMAX_TIMING_LOG (set) times the unmasked rows as log_softmax.
 int main() {
@@ -144,8 +145,8 @@ int main() {
     if (std::getenv("SOFTMAX_TIMING_FP16") != nullptr) time_dtype<__half>(DType::Float16, "fp16", copy, only_n, log);
   }
   if (!plain_only) {
-    time_masked<__nv_bfloat16>(DType::BFloat16, "bf16", copy);
-    time_masked<float>(DType::Float32, "fp32", copy);
+    time_masked<__nv_bfloat16>(DType::BFloat16, "bf16", copy, only_n);
+    time_masked<float>(DType::Float32, "fp32", copy, only_n);
   }
   return 0;
 }
