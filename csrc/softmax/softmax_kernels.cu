@@ -921,7 +921,8 @@ constexpr bool register_prefetch() {
 // 84.9-85.2 / 88.5 -> 87.2-87.5 / 91.8-91.9; warp rows (L = 512 / 1024) level to -1.5. Plain
 // rows are left to ptxas: a full SM (32 registers) measured the same as its choice for 16
 // elements a thread and made 32 spill (H200, session 3). Masked cluster rows would spill and are
-// left free, as is the 16-bit masked backward; the fp32 masked backward takes a bound of
+// left free, as is the 16-bit masked backward but for its DRAW_ALL block rows with an additive
+// mask (kDrawAllBackwardThreadsPerSM); the fp32 masked backward takes a bound of
 // kMaskedBackwardThreadsPerSM (80 registers, no spills, where ptxas chose 92-102): H200, session
 // 9, launcher timing, masked [B, H, L, L] with dropout 0.1, L = 512 / 1024 / 2048 / 4096: 77.0 /
 // 88.8 / 88.8 / 67.7 -> 83.8 / 94.1 / 92.1 / 91.7% of copy (16-bit rows: level or lower with it;
@@ -937,6 +938,17 @@ template <typename T> constexpr int masked_forward_threads_per_sm(int group, boo
   return !additive && (std::is_same<T, float>::value || group > 32) ? 1024 : 768;
 }
 constexpr int kMaskedBackwardThreadsPerSM = 768;
+// 16-bit DRAW_ALL backward block rows with an additive mask (66-72 registers a thread where left
+// alone: 3 blocks of 256 threads an SM) are held to 1024 resident threads: with the mask loaded
+// after the draws they fit 64 registers without spills (loaded with the rows, 10 bytes spilled).
+// Warp rows would spill 8 bytes and are left free. Launcher timing, H100, session 44, bf16
+// [B, H, L, L] with dropout 0.1, L = 1024 / 2048 / 4096: 95.8 / 96.3 / 91.3 -> 98.1 / 97.4 / 97.8%
+// of copy (the late mask loads alone, 66 registers: 95.7 / 96.1 / 90.7); every other case level.
+constexpr int kDrawAllBackwardThreadsPerSM = 1024;
+template <typename T> constexpr int masked_backward_threads_per_sm(int group, bool draw_all, bool additive) {
+  if (sizeof(T) == 4) return kMaskedBackwardThreadsPerSM;
+  return draw_all && additive && group > 32 ? kDrawAllBackwardThreadsPerSM : 0;
+}
 __host__ __device__ constexpr int register_min_blocks(int group, bool masked, int cluster, int threads_per_sm) {
   const int threads = block_threads(group);
   return masked && cluster == 1 && threads < threads_per_sm ? threads_per_sm / threads : 0;
@@ -1256,8 +1268,8 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
 // ADDITIVE: masked rows whose mask is additive (see BackwardRow).
 template <typename T, int G, int ITEMS, int VEC, bool MASKED, int CLUSTER, bool PERSISTENT, bool ROW_GRID = false,
           bool DRAW_ALL = false, bool ADDITIVE = false>
-__global__ void __launch_bounds__(block_threads(G),
-                                  sizeof(T) == 4 ? register_min_blocks(G, MASKED, CLUSTER, kMaskedBackwardThreadsPerSM) : 0)
+__global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKED, CLUSTER,
+                                                                         masked_backward_threads_per_sm<T>(G, DRAW_ALL, ADDITIVE)))
     register_backward_kernel(BackwardArgs<T> a) {
   static_assert(!DRAW_ALL || sizeof(T) == 2, "DRAW_ALL backward rows are 16-bit rows (one Philox block a vector)");
   using A = acc_t<T>;
@@ -1322,7 +1334,7 @@ __global__ void __launch_bounds__(block_threads(G),
         const bool live = valid && c0 < cols && !ctx.hidden_from(c0);
         cur_a[i] = load_live<T, VEC>(live, src_a + c0);
         cur_dy[i] = load_live<T, VEC>(live, src_dy + c0);
-        masks[i] = ctx.template mask_vector<VEC, true>(c0, live);
+        if constexpr (!DRAW_ALL) masks[i] = ctx.template mask_vector<VEC, true>(c0, live);
       }
     }
     // (y, g) of every vector; 0 outside the row and where hidden, so dx = 0 there (plain rows
@@ -1332,11 +1344,17 @@ __global__ void __launch_bounds__(block_threads(G),
     constexpr bool kBranchless = !MASKED && !kPrefetch;
     A y[ITEMS][VEC], g[ITEMS][VEC];
     A sum = 0;
-    // DRAW_ALL: every vector's dropout decisions first, with no branch between the draws.
+    // DRAW_ALL: every vector's dropout decisions first, with no branch between the draws, then
+    // the mask's loads, so the mask is not held through the Philox rounds (see kDrawAllBackwardThreadsPerSM).
     PackedKeep<VEC> drawn[DRAW_ALL ? ITEMS : 1];
     if constexpr (DRAW_ALL) {
 #pragma unroll
       for (int i = 0; i < ITEMS; ++i) drawn[i] = ctx.template register_keep<VEC>(a, row, slice.column(i));
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i) {
+        const int c0 = slice.column(i);
+        masks[i] = ctx.template mask_vector<VEC, true>(c0, valid && c0 < cols && !ctx.hidden_from(c0));
+      }
     }
     // One body for rows with and without dropout (prepare draws the dropout decisions where
     // a.dropout, vector by vector): splitting it on a.dropout, as the forward does, cost 16-bit
