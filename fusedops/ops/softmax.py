@@ -111,9 +111,11 @@ def _check_mask(mask, input):
     mask_shape, input_shape = mask.shape, input.shape
     lead = len(input_shape) - len(mask_shape)
     broadcastable = lead >= 0
-    for d in range(len(mask_shape) if broadcastable else 0):
-        if mask_shape[d] != 1 and mask_shape[d] != input_shape[lead + d]:
-            broadcastable = False
+    if broadcastable:
+        for m, n in zip(mask_shape, input_shape[lead:]):
+            if m != 1 and m != n:
+                broadcastable = False
+                break
     if not broadcastable:
         raise ValueError(
             f"fusedops: mask of shape {tuple(mask_shape)} is not broadcastable to input of shape {tuple(input_shape)}"
