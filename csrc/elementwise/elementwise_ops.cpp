@@ -60,10 +60,11 @@ std::tuple<at::Tensor, at::Tensor> bias_dropout_add_fwd_cuda(const at::Tensor& x
   const bool dropout = training && p > 0.0;
   const at::Tensor xc = x.contiguous(), rc = residual.contiguous();
   at::Tensor out = at::empty_like(xc);
-  at::Tensor rng_state = rng_state_tensor(x, dropout && xc.numel() > 0);  // the kernel writes it when it draws
+  const bool draws = dropout && xc.numel() > 0;
+  at::Tensor rng_state = rng_state_tensor(x, draws);  // the kernel writes it when it draws
   BiasDropoutAddParams params{xc.data_ptr(),  data_or_null(bias), rc.data_ptr(), out.data_ptr(),
                               rng_state.data_ptr<int64_t>(),     xc.numel(),     last_dim(x),   p, dropout, {}};
-  if (dropout && xc.numel() > 0) params.philox = philox_args(4);
+  if (draws) params.philox = philox_args(4);
   C10_CUDA_CHECK(launch_bias_dropout_add_fwd(params, dtype, c10::cuda::getCurrentCUDAStream()));
   return {out, rng_state};
 }
