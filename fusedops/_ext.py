@@ -1,5 +1,6 @@
 """Loads the compiled extension: the prebuilt fusedops._C (AOT), else a JIT build when
 FUSEDOPS_JIT=1, else nothing (build_info() then says so and every op raises a clear error)."""
+import importlib
 import os
 
 import torch
@@ -9,10 +10,11 @@ mode = "none"
 load_error = None
 
 try:
-    from . import _C as module
-
+    # import_module rather than `from . import _C`: where _C was never built, the latter's error
+    # blames a circular import; this one says "No module named 'fusedops._C'".
+    module = importlib.import_module("._C", __package__)
     mode = "AOT"
-except ImportError as error:  # no prebuilt extension in this install
+except ImportError as error:  # no prebuilt extension in this install, or one that fails to load
     load_error = error
     if os.environ.get("FUSEDOPS_JIT") == "1":
         from . import jit
