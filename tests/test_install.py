@@ -7,8 +7,13 @@ import sys
 
 import fusedops
 
+# An editable install (`pip install -e .`, the README's way) adds a finder that maps fusedops back
+# to the source tree, ahead of PYTHONPATH: the probe drops it so that it imports the copy.
 _PROBE = """
+import sys
+sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
 import fusedops, torch
+print(fusedops.__file__)
 info = fusedops.build_info()
 print(info["build"])
 print(info["error"])
@@ -28,7 +33,8 @@ def test_missing_extension_is_reported(tmp_path):
     run = subprocess.run([sys.executable, "-c", _PROBE], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    build, error, raised = run.stdout.splitlines()[:3]
+    location, build, error, raised = run.stdout.splitlines()[:4]
+    assert location.startswith(str(tmp_path)), location
     assert build == "none"
     assert "No module named 'fusedops._C'" in error
     assert "circular import" not in error
