@@ -7,8 +7,9 @@ import sys
 
 import fusedops
 
-# An editable install (`pip install -e .`, the README's way) adds a finder that maps fusedops back
-# to the source tree, ahead of PYTHONPATH: the probe drops it so that it imports the copy.
+# The probe runs in the copy's directory, first on `python -c`'s sys.path. An editable install
+# (`pip install -e .`, the README's way) adds a finder that maps fusedops back to the source tree
+# ahead of sys.path: the probe drops it so that it imports the copy.
 _PROBE = """
 import sys
 sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
@@ -28,8 +29,7 @@ def test_missing_extension_is_reported(tmp_path):
     package = os.path.dirname(fusedops.__file__)
     shutil.copytree(package, tmp_path / "fusedops",
                     ignore=shutil.ignore_patterns("_C*", "__pycache__"))
-    env = dict(os.environ, PYTHONPATH=str(tmp_path))
-    env.pop("FUSEDOPS_JIT", None)
+    env = {k: v for k, v in os.environ.items() if k != "FUSEDOPS_JIT"}
     run = subprocess.run([sys.executable, "-c", _PROBE], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
