@@ -43,10 +43,8 @@ for f in thunks.values():  # compile and warm up outside the profiled range
         f()
 torch.cuda.synchronize()
 for name, f in thunks.items():
-    
     torch.cuda.cudart().cudaProfilerStart()
     f()
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStop()
-    
     print("profiled", name, flush=True)
