@@ -6,22 +6,21 @@ import torch
 
 import fusedops
 from bench.common import backward_thunk, try_compile
+from bench import norm, softmax
 from bench.norm import _eager, _fused, _liger, _timed_pair
-
-NUMEL = 1 << 27
 
 
 def softmax_bwd(log):
-    x = torch.randn(NUMEL // 32768, 32768, dtype=torch.float32, device="cuda")
+    x = torch.randn(softmax.NUMEL // 32768, 32768, dtype=torch.float32, device="cuda")
     eager = (lambda t: torch.log_softmax(t, -1)) if log else (lambda t: torch.softmax(t, -1))
     ours = fusedops.log_softmax if log else fusedops.softmax
     return {"fusedops": backward_thunk(ours, (x,)), "compile": backward_thunk(try_compile(eager), (x,))}
 
 
-def norm_fwd(kind, n, numel=1 << 26):
-    x = torch.randn(numel // n, n, dtype=torch.bfloat16, device="cuda")
-    w = torch.randn(n, dtype=torch.bfloat16, device="cuda")
-    b = torch.randn(n, dtype=torch.bfloat16, device="cuda") if "layer" in kind else None
+def norm_fwd(kind, n):
+    x = torch.randn(norm.NUMEL // n, n, dtype=norm.DTYPE, device="cuda")
+    w = torch.randn(n, dtype=norm.DTYPE, device="cuda")
+    b = torch.randn(n, dtype=norm.DTYPE, device="cuda") if "layer" in kind else None
     impls = {"fusedops": _fused(kind, n), "compile": try_compile(_eager(kind, n)), "liger": _liger(kind)}
     return {k: _timed_pair(f, x, None, w, b)[0] for k, f in impls.items() if f is not None}
 
