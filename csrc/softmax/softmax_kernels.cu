@@ -186,6 +186,11 @@ __device__ __forceinline__ float exp2_ftz(float v) {
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
   return r;
 }
+// 16-bit rows may take an exp's argument (logit - shift) * c as one FMA, logit * c - shift * c,
+// with shift * c rounded, where |shift * c| < kOneFmaMaxShift: the rounding moves the argument by
+// at most 2^-24 of that (2^-16: a relative error of 1.1e-5 in the exp, far under the 16-bit
+// output's rounding), and the max element still gets exp2(its FMA's residual), within 2^-16 of 1.
+constexpr float kOneFmaMaxShift = 256;
 template <typename T> __device__ __forceinline__ acc_t<T> exp_acc(acc_t<T> v) {
   if constexpr (sizeof(T) == 2) return exp2_ftz(v * 1.4426950408889634f);
   else if constexpr (std::is_same<acc_t<T>, float>::value) return expf(v);
@@ -1195,21 +1200,38 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
     const bool shift_empty = shift_max == neg_inf<A>();
     const A shift = shift_empty ? A(0) : shift_max;
     const bool keep_exps = (!kOnePass || sizeof(T) == 2) && (MASKED || !a.log);
-    const A scale_log2e = a.scale * A(1.4426950408889634);
+    // 16-bit rows take exp2((logit - shift) * exp_scale), in one FMA where the shift is small
+    // (see kOneFmaMaxShift): an add an element fewer.
+    const A exp_scale = (kFoldScale ? a.scale : A(1)) * A(1.4426950408889634);
+    const A shift_exp = shift * exp_scale;
     A sum = 0;
+    auto take_exps = [&](auto one_fma) {
 #pragma unroll
-    for (int i = 0; i < ITEMS; ++i)
+      for (int i = 0; i < ITEMS; ++i)
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const A shifted = values[i][j] - shift;
-        const A e = kFoldScale ? exp2_ftz(shifted * scale_log2e) : exp_acc<T>(shifted);
-        sum += e;
-        if (keep_exps) {
-          values[i][j] = e;
-        } else if (kShiftedLogs) {
-          values[i][j] = shifted;
+        for (int j = 0; j < VEC; ++j) {
+          const A shifted = values[i][j] - shift;
+          A e;
+          if constexpr (sizeof(T) != 2) {
+            e = exp_acc<T>(shifted);
+          } else if constexpr (decltype(one_fma)::value) {
+            e = exp2_ftz(fmaf(values[i][j], exp_scale, -shift_exp));
+          } else {
+            e = exp2_ftz(shifted * exp_scale);
+          }
+          sum += e;
+          if (keep_exps) {
+            values[i][j] = e;
+          } else if (kShiftedLogs) {
+            values[i][j] = shifted;
+          }
         }
-      }
+    };
+    if (sizeof(T) == 2 && fabsf(shift_exp) < kOneFmaMaxShift) {
+      take_exps(std::true_type{});
+    } else {
+      take_exps(std::false_type{});
+    }
     MaxSum<A> total{shift_max, A(0)};
     if constexpr (kOnePass) {
       // The group's max and sum (two scalar reductions: cheaper than one of pairs), then one
@@ -2004,11 +2026,8 @@ __global__ void __launch_bounds__(THREADS, BLOCKS)
   const A log_scale = packed_max ? a.scale : A(1);
   const A exp_scale = log_scale * A(1.4426950408889634);
   // Where a thread's exps start: its max logit (0 when it has none) and, folded, the raw shift.
-  // Where the shift's exp argument raw * exp_scale is small, the exps take it rounded, in one
-  // FMA with the element's: the rounding moves the argument by at most 2^-24 of kOneFmaMaxShift
-  // (2^-16: a relative error of 1.1e-5 in the exp, far under the 16-bit output's rounding), and
-  // the thread's max element still gets exp2(its FMA's residual), within 2^-16 of 1.
-  constexpr A kOneFmaMaxShift = 256;
+  // Where the shift's exp argument raw * exp_scale is small (kOneFmaMaxShift), the exps take it
+  // rounded, in one FMA with the element's.
   struct Shift {
     bool empty;
     A max, raw;
