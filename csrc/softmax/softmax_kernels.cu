@@ -181,6 +181,7 @@ template <typename A> __device__ __forceinline__ A pos_inf() { return std::numer
 // for fp32 and fp64. The flush-to-zero form is one multiply and the MUFU: __expf's rescaling of
 // results below 2^-126 (fp32 subnormals, < 1.2e-38, far under any tolerance) adds four
 // instructions an element, a third of the masked kernels' arithmetic.
+constexpr double kLog2e = 1.4426950408889634;  // exp(v) = exp2(v * kLog2e)
 __device__ __forceinline__ float exp2_ftz(float v) {
   float r;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
@@ -192,7 +193,7 @@ __device__ __forceinline__ float exp2_ftz(float v) {
 // output's rounding), and the max element still gets exp2(its FMA's residual), within 2^-16 of 1.
 constexpr float kOneFmaMaxShift = 256;
 template <typename T> __device__ __forceinline__ acc_t<T> exp_acc(acc_t<T> v) {
-  if constexpr (sizeof(T) == 2) return exp2_ftz(v * 1.4426950408889634f);
+  if constexpr (sizeof(T) == 2) return exp2_ftz(v * float(kLog2e));
   else if constexpr (std::is_same<acc_t<T>, float>::value) return expf(v);
   else return exp(v);
 }
@@ -1202,7 +1203,7 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
     const bool keep_exps = (!kOnePass || sizeof(T) == 2) && (MASKED || !a.log);
     // 16-bit rows take exp2((logit - shift) * exp_scale), in one FMA where the shift is small
     // (see kOneFmaMaxShift): an add an element fewer.
-    const A exp_scale = (kFoldScale ? a.scale : A(1)) * A(1.4426950408889634);
+    const A exp_scale = (kFoldScale ? a.scale : A(1)) * A(kLog2e);
     const A shift_exp = shift * exp_scale;
     A sum = 0;
     auto take_exps = [&](auto one_fma) {
@@ -2024,7 +2025,7 @@ __global__ void __launch_bounds__(THREADS, BLOCKS)
   constexpr bool kFold = sizeof(T) == 2;
   const A x_scale = packed_max ? A(1) : a.scale;
   const A log_scale = packed_max ? a.scale : A(1);
-  const A exp_scale = log_scale * A(1.4426950408889634);
+  const A exp_scale = log_scale * A(kLog2e);
   // Where a thread's exps start: its max logit (0 when it has none) and, folded, the raw shift.
   // Where the shift's exp argument raw * exp_scale is small (kOneFmaMaxShift), the exps take it
   // rounded, in one FMA with the element's.
