@@ -360,6 +360,24 @@ template <typename T, typename A = acc_t<T>> struct RowStats {
   __device__ A lse() const { return empty ? pos_inf<A>() : max + log_acc<T>(sum); }
 };
 
+// Two 16-bit elements as __hmax2 / __hmin2 take them.
+template <typename T> using Pair16 = std::conditional_t<std::is_same<T, __half>::value, __half2, __nv_bfloat162>;
+
+// `m` folded with the four 16-bit pairs of a 16-byte vector by `pick` (__hmax2 or __hmin2, which
+// skip NaNs as fmaxf does): a tree over the vector's pairs, then one fold into m, so that a row's
+// vectors make a short dependent chain.
+template <typename T, class Pick>
+__device__ __forceinline__ Pair16<T> fold_pairs(const void* vector16, Pair16<T> m, Pick pick) {
+  constexpr int kPairs = 4;
+  Pair16<T> pairs[kPairs];
+  memcpy(pairs, vector16, sizeof(pairs));
+#pragma unroll
+  for (int width = kPairs / 2; width > 0; width /= 2)
+#pragma unroll
+    for (int k = 0; k < width; ++k) pairs[k] = pick(pairs[k], pairs[k + width]);
+  return pick(m, pairs[0]);
+}
+
 // The vector widened to acc_t<T>. bf16 is the top half of an fp32, so a 32-bit word holding two
 // becomes two floats by a shift and a mask; to_acc per element extracts the high one first.
 template <typename T, int VEC>
@@ -530,6 +548,30 @@ template <typename T> struct MaskRow {
     for (int j = 0; j < VEC; ++j) {
       if (!((visible >> j) & 1u)) scaled[j] = neg_inf<acc_t<T>>();
     }
+  }
+  // Sets the raw 16-bit elements of VEC columns that a bool mask or none (not the causal mask)
+  // hides to -inf, all of them where not `live`, two elements a LOP3, so that widening gives
+  // their masked logits and the row max folds raw pairs (fold_pairs, one instruction per two
+  // elements): apply takes a select and an fmaxf per element. A word of bool bytes (their low
+  // bits, as bool_bits) times 0xff has a byte of ones per visible column, which prmt spreads over
+  // half-words.
+  template <int VEC>
+  __device__ __forceinline__ void hide_pairs(const MaskBytes<VEC>& bytes, AlignedVector<T, VEC>& x, bool live) const {
+    static_assert(sizeof(T) == 2 && VEC % 4 == 0, "16-bit elements, four columns a word of bool bytes");
+    constexpr uint32_t kHiddenPair = std::is_same<T, __half>::value ? 0xfc00fc00u : 0xff80ff80u;  // -inf, -inf
+    uint32_t pairs[VEC / 2], mask_words[VEC / 4];
+    memcpy(pairs, x.val, sizeof(pairs));
+    memcpy(mask_words, bytes.val, sizeof(mask_words));
+    // Rows without a bool mask read no bytes (load_bytes gives zeros): every live column is visible.
+    const uint32_t unmasked = kind != MaskKind::Bool && live ? 0x01010101u : 0u;
+#pragma unroll
+    for (int w = 0; w < VEC / 4; ++w) {
+      const uint32_t ones = ((mask_words[w] | unmasked) & 0x01010101u) * 0xffu;
+      const uint32_t keep[2] = {__byte_perm(ones, 0u, 0x1100u), __byte_perm(ones, 0u, 0x3322u)};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) pairs[2 * w + h] = (pairs[2 * w + h] & keep[h]) | (kHiddenPair & ~keep[h]);
+    }
+    memcpy(x.val, pairs, sizeof(pairs));
   }
 };
 
@@ -823,6 +865,11 @@ template <typename T, bool MASKED, bool ADDITIVE = false> struct ForwardRow {
 // in ForwardRow.
 template <typename T, bool MASKED, bool ADDITIVE = false> struct BackwardRow {
   static_assert(MASKED || !ADDITIVE, "an additive mask is a mask");
+  // 16-bit rows without an additive mask take each exp's argument in one FMA, x * scale * log2 e
+  // - lse * log2 e, where |lse * log2 e| < kOneFmaMaxShift (logits are at most lse): two
+  // instructions an element fewer than scaling, subtracting and converting to base 2. Streamed
+  // rows read additive masks too (ADDITIVE false), which add to the scaled logit.
+  static constexpr bool kOneFmaExps = MASKED && !ADDITIVE && sizeof(T) == 2;
   MaskRow<T> mask;
   PhiloxKey key;
   acc_t<T> lse;
@@ -880,12 +927,25 @@ template <typename T, bool MASKED, bool ADDITIVE = false> struct BackwardRow {
         }
       }
       widen(kept_dy, g);
+      // 16-bit rows turn y into the exps' base-2 arguments here, masked (-inf where hidden).
+      const float exp_offset = -lse * float(kLog2e);
+      if (kOneFmaExps && mask.kind != MaskKind::Additive && fabsf(exp_offset) < kOneFmaMaxShift) {
+        const float exp_scale = a.scale * float(kLog2e);
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) y[j] = mul_rn(y[j], a.scale);  // as the forward's logits
-      mask.template apply<VEC, kVectorMask>(c0, mask_vec, y);
+        for (int j = 0; j < VEC; ++j) y[j] = fmaf(y[j], exp_scale, exp_offset);
+        mask.template apply<VEC, kVectorMask>(c0, mask_vec, y);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) y[j] = mul_rn(y[j], a.scale);  // as the forward's logits
+        mask.template apply<VEC, kVectorMask>(c0, mask_vec, y);
+        if constexpr (kOneFmaExps) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) y[j] = (y[j] - lse) * float(kLog2e);  // as exp_acc
+        }
+      }
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        y[j] = exp_acc<T>(y[j] - lse);
+        y[j] = kOneFmaExps ? exp2_ftz(y[j]) : exp_acc<T>(y[j] - lse);
         if constexpr (std::is_same<Keep, uint32_t>::value) {
           if (a.dropout) g[j] = (bits >> j) & 1u ? g[j] : acc_t<T>(0);
         }
@@ -1166,25 +1226,43 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
     // The thread's logits (-inf outside the row) and their max. Rows that prefetch branch
     // around the vectors outside the row; the others mask them (masked rows: also the vectors
     // hidden by the causal mask, through the mask's bits: see MaskRow::apply).
+    // Rows that fold the scale without the causal mask (DRAW_ALL) mask raw pairs and take the
+    // max pair by pair (see MaskRow::hide_pairs). Causal rows keep apply: masking bytes by the
+    // causal mask too cost their forwards up to 3.9 points of copy (bf16 with dropout, L = 2048,
+    // H100, launcher timing, session 49).
+    constexpr bool kPairMask = kFoldScale && DRAW_ALL;
     constexpr bool kBranchless = !kPrefetch;
     A values[ITEMS][VEC];
     A thread_max = neg_inf<A>();
+    if constexpr (kPairMask) {
+      const T bound = from_acc<T>(neg_inf<A>());
+      Pair16<T> pair_max(bound, bound);
 #pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      const int c0 = slice.column(i);
-      const bool live = valid && c0 < cols && !ctx.hidden_from(c0);
-      if (!kBranchless && !live) {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) values[i][j] = neg_inf<A>();
-        continue;
+      for (int i = 0; i < ITEMS; ++i) {
+        const int c0 = slice.column(i);
+        ctx.mask.template hide_pairs<VEC>(masks[i], cur[i], valid && c0 < cols);
+        pair_max = fold_pairs<T>(cur[i].val, pair_max, [](Pair16<T> p, Pair16<T> q) { return __hmax2(p, q); });
+        widen(cur[i], values[i]);
       }
-      ctx.template logits<VEC, true, kFoldScale>(a, c0, cur[i], masks[i], values[i], live);
+      thread_max = fmaxf(__low2float(pair_max), __high2float(pair_max));
+    } else {
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        if (!MASKED && kBranchless && !live) values[i][j] = neg_inf<A>();
-        // One instruction where nan_max takes three. A single group need not carry a NaN in
-        // the max: a NaN logit makes the sum, and so the whole row, NaN all the same.
-        thread_max = kOnePass ? nan_max(thread_max, values[i][j]) : max(thread_max, values[i][j]);
+      for (int i = 0; i < ITEMS; ++i) {
+        const int c0 = slice.column(i);
+        const bool live = valid && c0 < cols && !ctx.hidden_from(c0);
+        if (!kBranchless && !live) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) values[i][j] = neg_inf<A>();
+          continue;
+        }
+        ctx.template logits<VEC, true, kFoldScale>(a, c0, cur[i], masks[i], values[i], live);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          if (!MASKED && kBranchless && !live) values[i][j] = neg_inf<A>();
+          // One instruction where nan_max takes three. A single group need not carry a NaN in
+          // the max: a NaN logit makes the sum, and so the whole row, NaN all the same.
+          thread_max = kOnePass ? nan_max(thread_max, values[i][j]) : max(thread_max, values[i][j]);
+        }
       }
     }
     if constexpr (PERSISTENT && !kPrefetch) {
@@ -1805,22 +1883,13 @@ using PackedWords = AlignedVector<uint32_t, 4>;  // a 16-byte vector of 16-bit p
 template <typename T, int VECS, int THREADS>
 __device__ __forceinline__ float packed_extreme(const StagedSlice<T, VECS, THREADS>& slice,
                                                 const PackedWords (&words)[VECS], float scale) {
-  using T2 = std::conditional_t<std::is_same<T, __half>::value, __half2, __nv_bfloat162>;
-  constexpr int kPairs = 4;
-  // A tree over each vector's pairs, then a fold over the vectors: a short dependent chain.
+  using T2 = Pair16<T>;
   auto fold = [&](auto pick, float start) {
     const T bound = from_acc<T>(start);
     T2 m(bound, bound);
 #pragma unroll
     for (int i = 0; i < VECS; ++i) {
-      if (slice.column(i) >= slice.len) continue;
-      T2 pairs[kPairs];
-      memcpy(pairs, words[i].val, sizeof(pairs));
-#pragma unroll
-      for (int width = kPairs / 2; width > 0; width /= 2)
-#pragma unroll
-        for (int k = 0; k < width; ++k) pairs[k] = pick(pairs[k], pairs[k + width]);
-      m = pick(m, pairs[0]);
+      if (slice.column(i) < slice.len) m = fold_pairs<T>(words[i].val, m, pick);
     }
     return m;
   };
