@@ -652,15 +652,16 @@ def test_dropout_fraction_and_reproducibility(dtype):
 @pytest.mark.parametrize("lk", [7, 128, 132, 1000, 1024, 20000])
 @pytest.mark.parametrize("p", [0.25, 0.75])
 @pytest.mark.parametrize("causal", [True, False])
-def test_dropout_matches_reference(dtype, lk, p, causal):
+@pytest.mark.parametrize("bool_mask", [True, False])
+def test_dropout_matches_reference(dtype, lk, p, causal, bool_mask):
     """The kernel's keep mask is the Philox stream of the reference, bit for bit: streamed rows (7),
     register rows starting at whole Philox blocks or not (128, 132: fp32 lanes share blocks only
     in the former) or whose threads' last vectors lie past the row's end (1000), cluster rows
     (20000); thresholds below and above 2^15 (16-bit rows compare the draws' top bit apart);
     with the causal mask (only visible vectors draw) and without (every vector draws, DRAW_ALL
-    kernels)."""
+    kernels, whose 16-bit rows mask raw pairs: with a bool mask or none)."""
     x = torch.randn(2, 3, 5, lk, dtype=dtype, device="cuda")
-    mask = torch.rand(2, 1, 5, lk, device="cuda") > 0.2
+    mask = torch.rand(2, 1, 5, lk, device="cuda") > 0.2 if bool_mask else None
     out, dx, rng_state = _check_dropout_against_reference(x, mask, 0.5, causal, p)
     keep = reference.dropout_keep_mask(x.shape, rng_state, p).cuda()
     assert (out[~keep] == 0).all() and (dx[~keep] != 0).any()
