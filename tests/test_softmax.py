@@ -561,6 +561,23 @@ def test_masked_nonpositive_scale(dtype, scale):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("lk", [1024, 4096, 20000])
+@pytest.mark.parametrize("offset", [-400.0, 400.0])
+def test_masked_large_logits(dtype, lk, offset):
+    """Logits near +-400: the row max (forward) and lse (backward) times log2 e pass
+    kOneFmaMaxShift, so 16-bit rows take their exps' arguments in two steps instead of one FMA.
+    Values and gradients as the reference's, with and without the causal mask and dropout.
+    (fp32 rows, which never take one FMA, are left out: a backward that recomputes y from lse
+    rounded in fp32 is off by up to |lse| * 2^-24 relative, 100x torch's error at lse = 400.)"""
+    x = (torch.randn(2, 3, 8, lk, device="cuda") * 3 + offset).to(dtype)
+    mask = _keep_mask((2, 1, 8, lk))
+    for causal in (False, True):
+        _check_masked(x, mask, 1.0, causal)
+        _check_dropout_against_reference(x, mask, 1.0, causal, 0.25)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("lk", [128, 1000, 4096, 20000])
 def test_additive_mask_vector_rows(dtype, lk):
