@@ -192,8 +192,10 @@ __device__ __forceinline__ float exp2_ftz(float v) {
 // at most 2^-24 of that (2^-16: a relative error of 1.1e-5 in the exp, far under the 16-bit
 // output's rounding), and the max element still gets exp2(its FMA's residual), within 2^-16 of 1.
 constexpr float kOneFmaMaxShift = 256;
+// The base-2 argument of a 16-bit exp: exp(v) = exp2(v * log2 e).
+__device__ __forceinline__ float base2_arg(float v) { return v * float(kLog2e); }
 template <typename T> __device__ __forceinline__ acc_t<T> exp_acc(acc_t<T> v) {
-  if constexpr (sizeof(T) == 2) return exp2_ftz(v * float(kLog2e));
+  if constexpr (sizeof(T) == 2) return exp2_ftz(base2_arg(v));
   else if constexpr (std::is_same<acc_t<T>, float>::value) return expf(v);
   else return exp(v);
 }
@@ -940,7 +942,7 @@ template <typename T, bool MASKED, bool ADDITIVE = false> struct BackwardRow {
         mask.template apply<VEC, kVectorMask>(c0, mask_vec, y);
         if constexpr (kOneFmaExps) {
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) y[j] = (y[j] - lse) * float(kLog2e);  // as exp_acc
+          for (int j = 0; j < VEC; ++j) y[j] = base2_arg(y[j] - lse);  // as exp_acc
         }
       }
 #pragma unroll
