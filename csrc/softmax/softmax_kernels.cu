@@ -872,6 +872,13 @@ template <typename T, bool MASKED, bool ADDITIVE = false> struct BackwardRow {
   // instructions an element fewer than scaling, subtracting and converting to base 2. Streamed
   // rows read additive masks too (ADDITIVE false), which add to the scaled logit.
   static constexpr bool kOneFmaExps = MASKED && !ADDITIVE && sizeof(T) == 2;
+  // Whether this row takes the one-FMA arguments: the same for all its vectors. prepare() decides
+  // vector by vector unless its caller decided for the row (see register_backward_kernel).
+  __device__ __forceinline__ bool one_fma_exps() const { return kOneFmaExps && one_fma_offset(-lse * float(kLog2e)); }
+  __device__ __forceinline__ bool one_fma_offset(float exp_offset) const {
+    return mask.kind != MaskKind::Additive && fabsf(exp_offset) < kOneFmaMaxShift;
+  }
+  struct DecidePerVector {};
   MaskRow<T> mask;
   PhiloxKey key;
   acc_t<T> lse;
@@ -911,11 +918,13 @@ template <typename T, bool MASKED, bool ADDITIVE = false> struct BackwardRow {
     return {};
   }
   // keep_of(): the vector's dropout decisions, drawn only where a.dropout: bits (keep()) or a
-  // PackedKeep (register_keep()), which zeros the dropped dy in their packed words.
-  template <int VEC, bool kVectorMask = false, class KeepOf>
+  // PackedKeep (register_keep()), which zeros the dropped dy in their packed words. one_fma: the
+  // row's one_fma_exps() as a std::bool_constant, or DecidePerVector.
+  template <int VEC, bool kVectorMask = false, class KeepOf, class OneFma = DecidePerVector>
   __device__ __forceinline__ void prepare(const BackwardArgs<T>& a, int64_t c0, const AlignedVector<T, VEC>& va,
                                           const AlignedVector<T, VEC>& vdy, const MaskVector<T, VEC, ADDITIVE>& mask_vec,
-                                          KeepOf keep_of, acc_t<T> (&y)[VEC], acc_t<T> (&g)[VEC]) const {
+                                          KeepOf keep_of, acc_t<T> (&y)[VEC], acc_t<T> (&g)[VEC],
+                                          OneFma one_fma = {}) const {
     widen(va, y);
     if constexpr (MASKED) {
       using Keep = decltype(keep_of());
@@ -931,7 +940,13 @@ template <typename T, bool MASKED, bool ADDITIVE = false> struct BackwardRow {
       widen(kept_dy, g);
       // 16-bit rows turn y into the exps' base-2 arguments here, masked (-inf where hidden).
       const float exp_offset = -lse * float(kLog2e);
-      if (kOneFmaExps && mask.kind != MaskKind::Additive && fabsf(exp_offset) < kOneFmaMaxShift) {
+      bool take_one_fma;
+      if constexpr (std::is_same<OneFma, DecidePerVector>::value) {
+        take_one_fma = one_fma_offset(exp_offset);
+      } else {
+        take_one_fma = one_fma;
+      }
+      if (kOneFmaExps && take_one_fma) {
         const float exp_scale = a.scale * float(kLog2e);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) y[j] = fmaf(y[j], exp_scale, exp_offset);
@@ -1463,25 +1478,37 @@ __global__ void __launch_bounds__(block_threads(G), register_min_blocks(G, MASKE
     // a.dropout, vector by vector): splitting it on a.dropout, as the forward does, cost 16-bit
     // rows 4-6 points of copy at L = 2048 (H200, session 10, launcher timing); drawing the row's
     // decisions first, as the forward does, cost fp32 rows up to 8 (L = 2048 / 4096, session 12).
+    // Rows that draw vector by vector (not DRAW_ALL) make the one-FMA choice (Ctx::one_fma_exps)
+    // once a row, so that each vector's Philox rounds and exps stay in one basic block. DRAW_ALL
+    // rows have drawn already; split by row they took 8 registers more (72, 6 bytes spilled).
+    auto prepare_row = [&](auto one_fma) {
 #pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      const int c0 = slice.column(i);
-      const bool live = valid && c0 < cols && !ctx.hidden_from(c0);
-      if (!kBranchless && !live) {
+      for (int i = 0; i < ITEMS; ++i) {
+        const int c0 = slice.column(i);
+        const bool live = valid && c0 < cols && !ctx.hidden_from(c0);
+        if (!kBranchless && !live) {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) y[i][j] = g[i][j] = A(0);
-        continue;
+          for (int j = 0; j < VEC; ++j) y[i][j] = g[i][j] = A(0);
+          continue;
+        }
+        ctx.template prepare<VEC, true>(a, c0, cur_a[i], cur_dy[i], masks[i],
+                                        [&] {
+                                          if constexpr (DRAW_ALL) {
+                                            return drawn[i];
+                                          } else {
+                                            return ctx.template register_keep<VEC>(a, row, c0);
+                                          }
+                                        }, y[i], g[i], one_fma);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) sum += ctx.partial(a, y[i][j], g[i][j]);
       }
-      ctx.template prepare<VEC, true>(a, c0, cur_a[i], cur_dy[i], masks[i],
-                                      [&] {
-                                        if constexpr (DRAW_ALL) {
-                                          return drawn[i];
-                                        } else {
-                                          return ctx.template register_keep<VEC>(a, row, c0);
-                                        }
-                                      }, y[i], g[i]);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) sum += ctx.partial(a, y[i][j], g[i][j]);
+    };
+    if constexpr (DRAW_ALL) {
+      prepare_row(typename Ctx::DecidePerVector{});
+    } else if (ctx.one_fma_exps()) {
+      prepare_row(std::true_type{});
+    } else {
+      prepare_row(std::false_type{});
     }
     if constexpr (PERSISTENT && !kPrefetch) {
       const int64_t next_row = Cursor::row(base + Cursor::step());
