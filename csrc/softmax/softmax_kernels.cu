@@ -874,9 +874,8 @@ template <typename T, bool MASKED, bool ADDITIVE = false> struct BackwardRow {
   static constexpr bool kOneFmaExps = MASKED && !ADDITIVE && sizeof(T) == 2;
   // Whether this row takes the one-FMA arguments: the same for all its vectors. prepare() decides
   // vector by vector unless its caller decided for the row (see register_backward_kernel).
-  __device__ __forceinline__ bool one_fma_exps() const { return kOneFmaExps && one_fma_offset(-lse * float(kLog2e)); }
-  __device__ __forceinline__ bool one_fma_offset(float exp_offset) const {
-    return mask.kind != MaskKind::Additive && fabsf(exp_offset) < kOneFmaMaxShift;
+  __device__ __forceinline__ bool one_fma_exps() const {
+    return kOneFmaExps && mask.kind != MaskKind::Additive && fabsf(base2_arg(-lse)) < kOneFmaMaxShift;
   }
   struct DecidePerVector {};
   MaskRow<T> mask;
@@ -939,10 +938,10 @@ template <typename T, bool MASKED, bool ADDITIVE = false> struct BackwardRow {
       }
       widen(kept_dy, g);
       // 16-bit rows turn y into the exps' base-2 arguments here, masked (-inf where hidden).
-      const float exp_offset = -lse * float(kLog2e);
+      const float exp_offset = base2_arg(-lse);
       bool take_one_fma;
       if constexpr (std::is_same<OneFma, DecidePerVector>::value) {
-        take_one_fma = one_fma_offset(exp_offset);
+        take_one_fma = one_fma_exps();
       } else {
         take_one_fma = one_fma;
       }
