@@ -36,6 +36,7 @@
 #include <iterator>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <cooperative_groups.h>
 
@@ -577,24 +578,77 @@ template <typename T> struct MaskRow {
   }
 };
 
-// The divisions that place a row in the mask, prepared on the host once per launch: the lead
-// dims of size > 1 (innermost first) with their mask strides, then dims of size 1 and stride 0
-// (FastDivmod's default divides by 1), and q_len. Launches of fewer than 2^31 rows divide by
-// these (FastDivmod: 4 instructions where a runtime 32-bit division or modulo costs ~20, per dim,
-// row and thread); larger ones divide in 64 bits. Every row takes all kMaxLeadDims divisions,
-// without a branch: branching on the dims in use split the kernels' prologue into blocks that
-// ptxas schedules one by one, a dependent chain each.
+// The divisions that place a row in the mask, prepared on the host once per launch. Launches of
+// fewer than 2^31 rows divide by FastDivmods (4 instructions where a runtime 32-bit division or
+// modulo costs ~20, per dim, row and thread); larger ones divide in 64 bits. Every row of a launch
+// takes the same divisions, without a branch per dim: branching on the dims in use split the
+// kernels' prologue into blocks that ptxas schedules one by one, a dependent chain each.
+// - Short form, every common layout: at most two divisions and a multiply. The coalesced lead dims
+//   (innermost first; a run of dims the mask broadcasts over is one) are divided off in turn, but
+//   broadcast dims outside all the others are not divided at all, and the outermost dim, where the
+//   mask varies along it, is a multiply: nothing lies outside it, so its index is what the
+//   divisions leave. With causal masking the first division is by q_len, so its remainder is the
+//   query. [B, 1, L, L] masks over [B, H, L, L] divide by L and H, [B, 1, 1, L] padding masks by
+//   H * L, causal rows without a mask by q_len.
+// - Chain form, any other layout: every lead dim of size > 1 (innermost first, then dims of size
+//   1 and stride 0, which FastDivmod's default divides by 1), and q_len.
+constexpr int kShortDivisions = 2;
 struct RowLocator {
   bool fast = false;
+  bool short_form = false;
   FastDivmod sizes[kMaxLeadDims];
   int64_t strides[kMaxLeadDims] = {};
-  FastDivmod q_len;
+  int64_t outer_stride = 0;  // short form
+  FastDivmod q_len;          // chain form
 };
 
-RowLocator row_locator(const MaskLayout& m, int64_t rows, int64_t q_len) {
+struct LeadDim {
+  int64_t size, stride;
+};
+
+// Fills in the short form's divisions and outer stride if the layout fits it (and leaves `r` as it
+// was if not). The mask layout's lead dims are coalesced already (a run of stride-0 dims is one).
+bool short_locator(const MaskLayout& m, int64_t q_len, bool causal, RowLocator& r) {
+  std::vector<LeadDim> dims;  // innermost first
+  for (int d = kMaxLeadDims - 1; d >= 0; --d) {
+    if (m.lead_sizes[d] > 1) dims.push_back({m.lead_sizes[d], m.lead_strides[d]});
+  }
+  // With causal masking the innermost dim starts with the query dim: split that off, to divide first.
+  const size_t query_dims = causal ? 1 : 0;
+  if (causal) {
+    if (dims.empty()) dims.push_back({q_len, 0});
+    const LeadDim first = dims.front();
+    if (first.size % q_len != 0) return false;
+    dims.front().size = q_len;
+    if (first.size > q_len) dims.insert(dims.begin() + 1, LeadDim{first.size / q_len, first.stride * q_len});
+  }
+  // Outermost stride-0 dims read nothing. Without them, the outermost dim's index is the rest of
+  // the row after the divisions: its remainder is taken only where dims outside it were dropped.
+  bool outermost = true;
+  while (dims.size() > query_dims && dims.back().stride == 0) {
+    dims.pop_back();
+    outermost = false;
+  }
+  int64_t outer_stride = 0;
+  if (outermost && dims.size() > query_dims) {
+    outer_stride = dims.back().stride;
+    dims.pop_back();
+  }
+  if (dims.size() > kShortDivisions) return false;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    r.sizes[i] = FastDivmod(static_cast<uint32_t>(dims[i].size));
+    r.strides[i] = dims[i].stride;
+  }
+  r.outer_stride = outer_stride;
+  return true;
+}
+
+RowLocator row_locator(const MaskLayout& m, int64_t rows, int64_t q_len, bool causal) {
   RowLocator r;
   r.fast = rows <= int64_t(INT32_MAX);  // every lead size and q_len divides into rows
   if (!r.fast) return r;
+  r.short_form = short_locator(m, q_len, causal, r);
+  if (r.short_form) return r;
   int dims = 0;
   for (int d = kMaxLeadDims - 1; d >= 0; --d) {
     if (m.lead_sizes[d] == 1) continue;  // padding dims and dims the input does not have
@@ -625,7 +679,18 @@ __device__ __forceinline__ MaskRow<T> mask_row(const MaskLayout& m, const RowLoc
                                                int64_t q_len, bool causal) {
   const int64_t elem_bytes = m.kind == MaskKind::Bool ? 1 : static_cast<int64_t>(sizeof(T));
   int64_t offset = 0, query = 0;
-  if (locator.fast) {
+  if (locator.short_form) {
+    uint32_t rest = static_cast<uint32_t>(row);
+#pragma unroll
+    for (int d = 0; d < kShortDivisions; ++d) {
+      const uint32_t outer = locator.sizes[d].div(rest);
+      const uint32_t index = rest - outer * locator.sizes[d].divisor;
+      offset += static_cast<int64_t>(index) * locator.strides[d];
+      if (d == 0) query = index;
+      rest = outer;
+    }
+    offset += static_cast<int64_t>(rest) * locator.outer_stride;
+  } else if (locator.fast) {
     uint32_t rest = static_cast<uint32_t>(row);
 #pragma unroll
     for (int d = 0; d < kMaxLeadDims; ++d) {
@@ -2778,7 +2843,7 @@ template <typename T, class Params, class Args> void masked_args(const Params& p
   args.rng_state = p.rng_state;
   args.q_len = p.q_len;
   args.mask = p.mask;
-  args.locator = row_locator(p.mask, p.rows, p.q_len);
+  args.locator = row_locator(p.mask, p.rows, p.q_len, p.causal);
   args.causal = p.causal;
   args.dropout = p.dropout;
   // Without dropout every element is kept at scale 1 (kernels may apply these regardless).
