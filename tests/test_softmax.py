@@ -506,43 +506,54 @@ def test_masked_softmax_many_rows_and_views(dtype):
     _check_masked(base[..., 1:129], None, 1.0, True)  # offset view, row stride 130
 
 
-def _permuted_keep_mask(shape, storage_order):
-    """A bool mask of `shape` whose dims lie in memory in `storage_order` (outermost first)."""
-    stored = _keep_mask([shape[d] for d in storage_order])
-    mask = stored.permute([storage_order.index(d) for d in range(len(shape))])
-    mask[..., 0] = True
+def _mask_maker(kind, dtype):
+    """Makes masks of a shape: bool (_keep_mask) or additive (its kept keys random, the rest -inf)."""
+    def make(shape):
+        keep = _keep_mask(shape)
+        if kind == "bool":
+            return keep
+        return torch.randn(shape, dtype=dtype, device="cuda").masked_fill(~keep, float("-inf"))
+    return make
+
+
+def _permuted_mask(make, shape, storage_order):
+    """A mask of `shape` whose dims lie in memory in `storage_order` (outermost first), key 0 kept."""
+    mask = make([shape[d] for d in storage_order]).permute([storage_order.index(d) for d in range(len(shape))])
+    mask[..., 0] = True if mask.dtype == torch.bool else 0.0
     return mask
 
 
 # (x shape, mask) pairs whose row-to-mask maps take each form of the kernels' row locator: at
 # most two divisions and a multiply (broadcast dims inside, outside and between the mask's own,
-# transposed masks, a lone query dim), or the chain of every lead dim (three or more divisions).
+# transposed masks, a lone query dim), or the chain of every lead dim (three or more divisions;
+# and every additive mask).
 MASK_LAYOUTS = [
-    ((2, 3, 5), lambda lk: _keep_mask((2, 1, 5, lk))),
-    ((2, 3, 5), lambda lk: _keep_mask((2, 3, 1, lk))),
-    ((2, 3, 5), lambda lk: _keep_mask((5, lk))),
-    ((2, 3, 5), lambda lk: _keep_mask((1, 1, 5, lk)).expand(2, 3, 5, lk)),
-    ((2, 3, 5), lambda lk: _permuted_keep_mask((2, 1, 5, lk), (0, 1, 3, 2))),
-    ((2, 3, 5), lambda lk: _permuted_keep_mask((2, 3, 5, lk), (2, 0, 3, 1))),
-    ((3, 1), lambda lk: _keep_mask((3, 1, lk))),
-    ((6,), lambda lk: _keep_mask((6, lk))),
-    ((2, 3, 4, 5), lambda lk: _keep_mask((1, 3, 1, 5, lk))),
-    ((2, 3, 4, 5), lambda lk: _keep_mask((2, 1, 4, 1, lk))),
-    ((2, 3, 4, 5), lambda lk: _permuted_keep_mask((2, 3, 4, 5, lk), (3, 1, 4, 0, 2))),
+    ((2, 3, 5), lambda lk, make: make((2, 1, 5, lk))),
+    ((2, 3, 5), lambda lk, make: make((2, 3, 1, lk))),
+    ((2, 3, 5), lambda lk, make: make((5, lk))),
+    ((2, 3, 5), lambda lk, make: make((1, 1, 5, lk)).expand(2, 3, 5, lk)),
+    ((2, 3, 5), lambda lk, make: _permuted_mask(make, (2, 1, 5, lk), (0, 1, 3, 2))),
+    ((2, 3, 5), lambda lk, make: _permuted_mask(make, (2, 3, 5, lk), (2, 0, 3, 1))),
+    ((3, 1), lambda lk, make: make((3, 1, lk))),
+    ((6,), lambda lk, make: make((6, lk))),
+    ((2, 3, 4, 5), lambda lk, make: make((1, 3, 1, 5, lk))),
+    ((2, 3, 4, 5), lambda lk, make: make((2, 1, 4, 1, lk))),
+    ((2, 3, 4, 5), lambda lk, make: _permuted_mask(make, (2, 3, 4, 5, lk), (3, 1, 4, 0, 2))),
 ]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("lk", [40, 1024])
+@pytest.mark.parametrize("kind", ["bool", "additive"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("layout", range(len(MASK_LAYOUTS)))
-def test_masked_softmax_mask_layouts(dtype, lk, causal, layout):
+def test_masked_softmax_mask_layouts(dtype, lk, kind, causal, layout):
     """Each row reads the mask row of its own index, whatever the mask's broadcast dims and
     strides: values and gradients against the float64 reference."""
     lead, make_mask = MASK_LAYOUTS[layout]
     x = torch.randn(*lead, lk, dtype=dtype, device="cuda")
-    _check_masked(x, make_mask(lk), 0.6, causal)
+    _check_masked(x, make_mask(lk, _mask_maker(kind, dtype)), 0.6, causal)
 
 
 @pytest.mark.gpu

@@ -590,8 +590,15 @@ template <typename T> struct MaskRow {
 //   divisions leave. With causal masking the first division is by q_len, so its remainder is the
 //   query. [B, 1, L, L] masks over [B, H, L, L] divide by L and H, [B, 1, 1, L] padding masks by
 //   H * L, causal rows without a mask by q_len.
-// - Chain form, any other layout: every lead dim of size > 1 (innermost first, then dims of size
-//   1 and stride 0, which FastDivmod's default divides by 1), and q_len.
+//   Launcher timing, H200, session 53, [B, 16, L, L], L = 512-4096, medians of 15 paired rounds
+//   (bench/results/h200-s53-launcher-locator.md): bool masks and causal rows with dropout +0.4 to
+//   +3.5 points of copy (bf16 bool forward +0.5-1.4, causal forward +1.6-2.5), without dropout
+//   -0.1 to +0.5.
+// - Chain form, any other layout, and every additive mask: every lead dim of size > 1 (innermost
+//   first, then dims of size 1 and stride 0, which FastDivmod's default divides by 1), and q_len.
+//   The ADDITIVE kernels compile only this form. With the short one they moved by -3.2 to +1.7
+//   points: the forwards with dropout lost 0.4-3.2 at L = 1024-4096 (fp32 at 2048 90.0 -> 86.8)
+//   although they ran fewer instructions a row and only their prologues changed (cause not found).
 constexpr int kShortDivisions = 2;
 struct RowLocator {
   bool fast = false;
@@ -647,7 +654,7 @@ RowLocator row_locator(const MaskLayout& m, int64_t rows, int64_t q_len, bool ca
   RowLocator r;
   r.fast = rows <= int64_t(INT32_MAX);  // every lead size and q_len divides into rows
   if (!r.fast) return r;
-  r.short_form = short_locator(m, q_len, causal, r);
+  r.short_form = m.kind != MaskKind::Additive && short_locator(m, q_len, causal, r);
   if (r.short_form) return r;
   int dims = 0;
   for (int d = kMaxLeadDims - 1; d >= 0; --d) {
@@ -674,12 +681,13 @@ __device__ __forceinline__ void locate_row_wide(const MaskLayout& m, int64_t row
   query = row % q_len;
 }
 
-template <typename T>
+// kShortForm: whether the kernel compiles the short form (see RowLocator).
+template <typename T, bool kShortForm>
 __device__ __forceinline__ MaskRow<T> mask_row(const MaskLayout& m, const RowLocator& locator, int64_t row,
                                                int64_t q_len, bool causal) {
   const int64_t elem_bytes = m.kind == MaskKind::Bool ? 1 : static_cast<int64_t>(sizeof(T));
   int64_t offset = 0, query = 0;
-  if (locator.short_form) {
+  if (kShortForm && locator.short_form) {
     uint32_t rest = static_cast<uint32_t>(row);
 #pragma unroll
     for (int d = 0; d < kShortDivisions; ++d) {
@@ -844,7 +852,7 @@ template <typename T, bool MASKED, bool ADDITIVE = false> struct ForwardRow {
   PhiloxKey key;
   __device__ ForwardRow(const ForwardArgs<T>& a, int64_t row) {
     if constexpr (MASKED) {
-      mask = mask_row<T>(a.mask, a.locator, row, a.q_len, a.causal);
+      mask = mask_row<T, !ADDITIVE>(a.mask, a.locator, row, a.q_len, a.causal);
       if (a.dropout) key = unpack_philox(a.philox);
     }
   }
@@ -949,7 +957,7 @@ template <typename T, bool MASKED, bool ADDITIVE = false> struct BackwardRow {
   acc_t<T> scale;
   __device__ BackwardRow(const BackwardArgs<T>& a, int64_t row, bool valid) : scale(a.scale) {
     if constexpr (MASKED) {
-      mask = mask_row<T>(a.mask, a.locator, row, a.q_len, a.causal);
+      mask = mask_row<T, !ADDITIVE>(a.mask, a.locator, row, a.q_len, a.causal);
       lse = valid ? a.lse[row] : pos_inf<acc_t<T>>();
       if (a.dropout) {
         key = {static_cast<uint64_t>(a.rng_state[0]), static_cast<uint64_t>(a.rng_state[1])};
