@@ -594,9 +594,7 @@ def test_masked_heads_sharing_mask_rows_past_the_l2(dtype, lk, kind):
     after another (row_grid). Values, gradients and the dropout stream stay those of each row's
     own index."""
     x = torch.randn(2, 3, 4096, lk, dtype=dtype, device="cuda")
-    mask = _keep_mask((2, 1, 4096, lk))
-    if kind == "additive":
-        mask = torch.randn(mask.shape, dtype=dtype, device="cuda").masked_fill(~mask, float("-inf"))
+    mask = _mask_maker(kind, dtype)((2, 1, 4096, lk))
     _check_masked(x, mask, 0.6, True)
     _check_dropout_against_reference(x, mask, 0.6, False, 0.25)
 

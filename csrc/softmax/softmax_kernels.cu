@@ -613,13 +613,18 @@ struct LeadDim {
   int64_t size, stride;
 };
 
-// Fills in the short form's divisions and outer stride if the layout fits it (and leaves `r` as it
-// was if not). The mask layout's lead dims are coalesced already (a run of stride-0 dims is one).
-bool short_locator(const MaskLayout& m, int64_t q_len, bool causal, RowLocator& r) {
-  std::vector<LeadDim> dims;  // innermost first
-  for (int d = kMaxLeadDims - 1; d >= 0; --d) {
-    if (m.lead_sizes[d] > 1) dims.push_back({m.lead_sizes[d], m.lead_strides[d]});
+// Divides by `dims` in order (slots past them keep FastDivmod's default, dividing by 1).
+void set_divisions(const std::vector<LeadDim>& dims, RowLocator& r) {
+  for (size_t i = 0; i < dims.size(); ++i) {
+    r.sizes[i] = FastDivmod(static_cast<uint32_t>(dims[i].size));
+    r.strides[i] = dims[i].stride;
   }
+}
+
+// Fills in the short form's divisions and outer stride if the layout fits it (and leaves `r` as it
+// was if not). `dims`: the mask layout's lead dims of size > 1, innermost first, coalesced already
+// (a run of stride-0 dims is one).
+bool short_locator(std::vector<LeadDim> dims, int64_t q_len, bool causal, RowLocator& r) {
   // With causal masking the innermost dim starts with the query dim: split that off, to divide first.
   const size_t query_dims = causal ? 1 : 0;
   if (causal) {
@@ -642,10 +647,7 @@ bool short_locator(const MaskLayout& m, int64_t q_len, bool causal, RowLocator& 
     dims.pop_back();
   }
   if (dims.size() > kShortDivisions) return false;
-  for (size_t i = 0; i < dims.size(); ++i) {
-    r.sizes[i] = FastDivmod(static_cast<uint32_t>(dims[i].size));
-    r.strides[i] = dims[i].stride;
-  }
+  set_divisions(dims, r);
   r.outer_stride = outer_stride;
   return true;
 }
@@ -654,14 +656,13 @@ RowLocator row_locator(const MaskLayout& m, int64_t rows, int64_t q_len, bool ca
   RowLocator r;
   r.fast = rows <= int64_t(INT32_MAX);  // every lead size and q_len divides into rows
   if (!r.fast) return r;
-  r.short_form = m.kind != MaskKind::Additive && short_locator(m, q_len, causal, r);
-  if (r.short_form) return r;
-  int dims = 0;
+  std::vector<LeadDim> dims;  // innermost first; padding dims and dims the input does not have left out
   for (int d = kMaxLeadDims - 1; d >= 0; --d) {
-    if (m.lead_sizes[d] == 1) continue;  // padding dims and dims the input does not have
-    r.sizes[dims] = FastDivmod(static_cast<uint32_t>(m.lead_sizes[d]));
-    r.strides[dims++] = m.lead_strides[d];
+    if (m.lead_sizes[d] > 1) dims.push_back({m.lead_sizes[d], m.lead_strides[d]});
   }
+  r.short_form = m.kind != MaskKind::Additive && short_locator(dims, q_len, causal, r);
+  if (r.short_form) return r;
+  set_divisions(dims, r);
   r.q_len = FastDivmod(static_cast<uint32_t>(q_len));
   return r;
 }
@@ -681,7 +682,8 @@ __device__ __forceinline__ void locate_row_wide(const MaskLayout& m, int64_t row
   query = row % q_len;
 }
 
-// kShortForm: whether the kernel compiles the short form (see RowLocator).
+// kShortForm: whether the kernel compiles the short form (see RowLocator). The host gives additive
+// masks the chain form, so the ADDITIVE kernels leave the short form out.
 template <typename T, bool kShortForm>
 __device__ __forceinline__ MaskRow<T> mask_row(const MaskLayout& m, const RowLocator& locator, int64_t row,
                                                int64_t q_len, bool causal) {
