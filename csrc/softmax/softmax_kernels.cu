@@ -598,7 +598,12 @@ template <typename T> struct MaskRow {
 //   first, then dims of size 1 and stride 0, which FastDivmod's default divides by 1), and q_len.
 //   The ADDITIVE kernels compile only this form. With the short one they moved by -3.2 to +1.7
 //   points: the forwards with dropout lost 0.4-3.2 at L = 1024-4096 (fp32 at 2048 90.0 -> 86.8)
-//   although they ran fewer instructions a row and only their prologues changed (cause not found).
+//   although they ran fewer instructions a row and only their prologues changed. In fp32 the
+//   losses are occupancy: ptxas gave the 64- and 128-thread kernels (L = 1024 / 2048, -2.2 / -3.2)
+//   74 registers where they had 72, which the SM allocates as 80 (8 a thread at a time), so 24
+//   warps an SM fit instead of 28; at L = 512 (registers unchanged) and 4096 (256-thread blocks:
+//   24 warps either way) they gained 0.8 / 0.6. The bf16 forwards (registers unchanged) lost 0.4 /
+//   1.5 at L = 2048 / 4096 and the fp32 backwards 0.8 / 0.9 at 1024 / 2048: causes not found.
 constexpr int kShortDivisions = 2;
 struct RowLocator {
   bool fast = false;
