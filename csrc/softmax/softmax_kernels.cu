@@ -687,6 +687,22 @@ __device__ __forceinline__ void locate_row_wide(const MaskLayout& m, int64_t row
   query = row % q_len;
 }
 
+// Divides `rest` by the locator's first DIVISIONS sizes in turn, adding each remainder times its
+// stride to `offset`; returns the quotient left, and the first remainder in `first`.
+template <int DIVISIONS>
+__device__ __forceinline__ uint32_t divide_off(const RowLocator& locator, uint32_t rest, int64_t& offset,
+                                               uint32_t& first) {
+#pragma unroll
+  for (int d = 0; d < DIVISIONS; ++d) {
+    const uint32_t outer = locator.sizes[d].div(rest);
+    const uint32_t index = rest - outer * locator.sizes[d].divisor;
+    offset += static_cast<int64_t>(index) * locator.strides[d];
+    if (d == 0) first = index;
+    rest = outer;
+  }
+  return rest;
+}
+
 // kShortForm: whether the kernel compiles the short form (see RowLocator). The host gives additive
 // masks the chain form, so the ADDITIVE kernels leave the short form out.
 template <typename T, bool kShortForm>
@@ -695,24 +711,13 @@ __device__ __forceinline__ MaskRow<T> mask_row(const MaskLayout& m, const RowLoc
   const int64_t elem_bytes = m.kind == MaskKind::Bool ? 1 : static_cast<int64_t>(sizeof(T));
   int64_t offset = 0, query = 0;
   if (kShortForm && locator.short_form) {
-    uint32_t rest = static_cast<uint32_t>(row);
-#pragma unroll
-    for (int d = 0; d < kShortDivisions; ++d) {
-      const uint32_t outer = locator.sizes[d].div(rest);
-      const uint32_t index = rest - outer * locator.sizes[d].divisor;
-      offset += static_cast<int64_t>(index) * locator.strides[d];
-      if (d == 0) query = index;
-      rest = outer;
-    }
-    offset += static_cast<int64_t>(rest) * locator.outer_stride;
+    uint32_t first = 0;  // with causal masking, the query (see RowLocator)
+    const uint32_t outer = divide_off<kShortDivisions>(locator, static_cast<uint32_t>(row), offset, first);
+    offset += static_cast<int64_t>(outer) * locator.outer_stride;
+    query = first;
   } else if (locator.fast) {
-    uint32_t rest = static_cast<uint32_t>(row);
-#pragma unroll
-    for (int d = 0; d < kMaxLeadDims; ++d) {
-      const uint32_t outer = locator.sizes[d].div(rest);
-      offset += static_cast<int64_t>(rest - outer * locator.sizes[d].divisor) * locator.strides[d];
-      rest = outer;
-    }
+    uint32_t first = 0;
+    divide_off<kMaxLeadDims>(locator, static_cast<uint32_t>(row), offset, first);
     if (causal) query = locator.q_len.mod(static_cast<uint32_t>(row));
   } else {
     locate_row_wide(m, row, q_len, offset, query);
