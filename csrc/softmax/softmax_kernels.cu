@@ -1101,13 +1101,13 @@ constexpr bool register_prefetch() {
 // elements in 16-bit block rows) -> 768: fp32 L = 512 / 1024 / 2048 / 4096 88.0 / 90.3 / 90.9 /
 // 91.5 -> 98.5 / 93.8 / 96.0 / 95.4% of copy (with dropout 0.1 level to -1.5); bf16 L = 4096
 // 87.0 -> 95.1 (with dropout 87.5 -> 94.9), L = 2048 86.5 -> 84.9 (with dropout level).
-// The 16-bit additive forwards without dropout in rows of 64 / 128 threads (bf16 L = 2048 /
-// 4096) run at 896 threads: there ptxas gives the bf16 ones 72 registers, no spills, where at 768
-// they took 78 (allocated as 80: 24 warps an SM, at 72 28; the fp16 ones take 72 either way).
-// Launcher timing, H100, session 55, ten paired rounds: bf16 93.2 / 95.6 -> 94.0 / 96.3% of
-// copy, 10 rounds of 10 won at each length.
+// The bf16 additive forwards without dropout in rows of 64 / 128 threads (L = 2048 / 4096) run
+// at 896 threads: there ptxas gives them 72 registers, no spills, where at 768 they took 78
+// (allocated as 80: 24 warps an SM, at 72 28). Launcher timing, H100, session 55, ten paired
+// rounds: 93.2 / 95.6 -> 94.0 / 96.3% of copy, 10 rounds of 10 won at each length. The fp16
+// ones take 72 registers at 768 already (the bound changed their code, untimed: left at 768).
 template <typename T> constexpr int masked_forward_threads_per_sm(int group, bool additive, bool draw_all) {
-  if (additive && !draw_all && sizeof(T) == 2 && (group == 64 || group == 128)) return 896;
+  if (additive && !draw_all && std::is_same<T, __nv_bfloat16>::value && (group == 64 || group == 128)) return 896;
   return !additive && (std::is_same<T, float>::value || group > 32) ? 1024 : 768;
 }
 constexpr int kMaskedBackwardThreadsPerSM = 768;
