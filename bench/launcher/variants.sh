@@ -6,8 +6,9 @@
 # VARIANTS: lines `name|family|sed script` (family: norm or softmax); the script is applied to a
 # copy of csrc/<family>/<family>_kernels.cu (empty: the file as it is; list it twice to see the
 # noise), or `@DIR` builds the csrc tree in DIR instead (a baseline: e.g. `git archive` of an
-# earlier commit's csrc), or `=FILE` runs FILE, a harness binary built beforehand (elsewhere,
-# with the same nvcc: no build on the timing machine). Every variant's
+# earlier commit's csrc), or `+PATCH` applies PATCH (a `git diff` of the repository, e.g. one
+# kept in bench/lessons/) to a copy of csrc, or `=FILE` runs FILE, a harness binary built
+# beforehand (elsewhere, with the same nvcc: no build on the timing machine). Every variant's
 # bench/launcher/<family>_timing.cu is built in parallel (a script that changes nothing, or a
 # failed build, drops the variant), then run in the listed order. Writes
 # <family>.txt (every run) and <family>_table.md (% of copy, one column per variant) to OUTDIR
@@ -30,6 +31,8 @@ build() {  # name family script
   cp -r "$root/csrc" "$dir/" && cp -r "$root/bench/launcher" "$dir/bench/"
   if [[ $3 == @* ]]; then
     rm -rf "$dir/csrc" && cp -r "${3#@}" "$dir/csrc" || return 1
+  elif [[ $3 == +* ]]; then
+    (cd "$dir" && patch -p1 -s <"$root/${3#+}") >"$dir/build.log" 2>&1 || return 1
   elif [[ -n $3 ]]; then
     sed -i -e "$3" "$dir/$file"
     if cmp -s "$root/$file" "$dir/$file"; then echo "$1: the script changes nothing" >"$dir/build.log"; return 1; fi
