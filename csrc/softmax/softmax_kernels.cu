@@ -1079,14 +1079,15 @@ constexpr bool register_prefetch() {
 // Forward rows without register prefetch hide latency with occupancy. Masked rows ask for at
 // least masked_forward_threads_per_sm resident threads: 1024 for fp32 rows (64 registers, 12-28
 // bytes of spills) and for 16-bit rows of a block (64 registers, no spills), 768 for 16-bit warp
-// rows (85 registers a thread, where left alone they take up to 93; at 1024 they spill 24-52
-// bytes). Launcher timing, H200, session 14, [B, 16, L, L], fp32 768 -> 1024: bool mask L = 1024
-// / 2048 / 4096 87.0 / 79.8 / 75.2 -> 94.3 / 88.1 / 86.5% of copy, with dropout 75.8 / 72.4 /
-// 69.9 -> 84.6 / 82.8 / 82.1, causal with dropout +1 to +6. Session 28, two runs each, bf16 768 ->
-// 1024, L = 2048 / 4096 (rows of 64 / 128 threads): bool mask 90.4 / 89.3-89.4 -> 92.6-92.7 /
-// 90.3, with dropout 74.8-75.0 / 75.5-75.8 -> 76.1-76.5 / 77.6-77.9, causal with dropout
-// 84.9-85.2 / 88.5 -> 87.2-87.5 / 91.8-91.9; warp rows (L = 512 / 1024) level to -1.5. Plain
-// rows are left to ptxas: a full SM (32 registers) measured the same as its choice for 16
+// rows (session 14: 85 registers a thread, where left alone they took up to 93; at 1024 they
+// spilled 24-52 bytes. Since then the bool-mask ones take 71-72 with or without the bound,
+// session 55's ptxas logs). Launcher timing, H200, session 14, [B, 16, L, L], fp32 768 -> 1024:
+// bool mask L = 1024 / 2048 / 4096 87.0 / 79.8 / 75.2 -> 94.3 / 88.1 / 86.5% of copy, with dropout
+// 75.8 / 72.4 / 69.9 -> 84.6 / 82.8 / 82.1, causal with dropout +1 to +6. Session 28, two runs
+// each, bf16 768 -> 1024, L = 2048 / 4096 (rows of 64 / 128 threads): bool mask 90.4 / 89.3-89.4 ->
+// 92.6-92.7 / 90.3, with dropout 74.8-75.0 / 75.5-75.8 -> 76.1-76.5 / 77.6-77.9, causal with
+// dropout 84.9-85.2 / 88.5 -> 87.2-87.5 / 91.8-91.9; warp rows (L = 512 / 1024) level to -1.5.
+// Plain rows are left to ptxas: a full SM (32 registers) measured the same as its choice for 16
 // elements a thread and made 32 spill (H200, session 3). Masked cluster rows would spill and are
 // left free, as is the 16-bit masked backward but for its DRAW_ALL block rows with an additive
 // mask (kDrawAllBackwardThreadsPerSM); the fp32 masked backward takes a bound of
